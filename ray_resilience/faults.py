@@ -1,0 +1,269 @@
+"""Fault plans: which fault fires on which rank at which step, explicit or generated.
+
+A `FaultPlan` is plain, immutable data. The driver builds it (by hand in a user's test, or with
+`FaultPlan.generate`, which reproduces the AWS/NVRx fault-recovery test case), the supervisor
+forwards it to every worker, and a worker fires a fault when its rank reaches the fault's step.
+A fault fires once per run: after a rollback the same step is trained again but the fault is not
+fired again (callers pass the ids already fired to `for_rank_step(..., exclude=...)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+#: Where in a rank's life a fault fires. Only "step" is wired today; the others are reserved.
+FAULT_PHASES: tuple[str, ...] = ("step", "init", "checkpoint_save", "checkpoint_load", "validation")
+
+
+class FaultKind(str, enum.Enum):
+    """What an injected fault does. Values are the strings used in plans and JSON."""
+
+    EXCEPTION = "exception"  # the train function raises InjectedFault
+    HANG = "hang"  # a Python-level sleep loop; an async exception can interrupt it
+    NATIVE_HANG = "native_hang"  # blocked inside one C call; async exceptions cannot interrupt it
+    SIGKILL = "sigkill"  # the rank's process is killed with SIGKILL
+    OOM = "oom"  # SIGKILL, as the kernel OOM killer does it; recorded with cause "oom"
+    NODE_LOSS = "node_loss"  # a node of the (simulated) cluster disappears
+    WRITER_KILL = "writer_kill"  # a checkpoint writer actor is killed
+    STORAGE_OUTAGE = "storage_outage"  # checkpoint storage stops answering for a while
+    CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # the newest committed checkpoint is damaged
+
+    @property
+    def fired_in_worker(self) -> bool:
+        """True if the training thread fires it (`fault_injection.fire`); else the harness does."""
+        return self in _WORKER_KINDS
+
+    @property
+    def recorded_cause(self) -> str:
+        """The restart cause to record for this fault.
+
+        A SIGKILL from the OOM killer and one from `kill -9` look the same to the supervisor, so
+        the cause of an injected fault comes from the plan, not from the exit signal.
+        """
+        return _RECORDED_CAUSES.get(self, self.value)
+
+
+_WORKER_KINDS = frozenset(
+    {FaultKind.EXCEPTION, FaultKind.HANG, FaultKind.NATIVE_HANG, FaultKind.SIGKILL, FaultKind.OOM}
+)
+_RECORDED_CAUSES = {FaultKind.NATIVE_HANG: "hang", FaultKind.SIGKILL: "process_killed"}
+
+
+def _require_int(field: str, value: Any, minimum: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field}={value!r} is invalid: must be an int >= {minimum}. {fix}")
+
+
+def _as_kind(value: Any, field: str = "kind") -> FaultKind:
+    try:
+        return FaultKind(value)
+    except ValueError:
+        choices = ", ".join(k.value for k in FaultKind)
+        raise ValueError(f"{field}={value!r} is not a fault kind; use one of: {choices}.") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One fault: fire `kind` on `rank` when it reaches `step` (in `phase`)."""
+
+    step: int
+    """Training step (1-based) at which the fault fires."""
+    rank: int
+    """Global rank that fires it (harness-fired kinds use it to pick the node or writer)."""
+    kind: FaultKind
+    """What happens; a plain string is converted."""
+    phase: str = "step"
+    """Where in the rank's life it fires: one of FAULT_PHASES ("step" unless a later issue says)."""
+    index: int | None = dataclasses.field(default=None, compare=False)
+    """1-based position in its plan, set by FaultPlan; only used to build `id`."""
+
+    def __post_init__(self) -> None:
+        _require_int("Fault.step", self.step, 1, "Steps are 1-based; use step >= 1.")
+        _require_int("Fault.rank", self.rank, 0, "Use a global rank in [0, world_size).")
+        object.__setattr__(self, "kind", _as_kind(self.kind, "Fault.kind"))
+        if self.phase not in FAULT_PHASES:
+            raise ValueError(f"Fault.phase={self.phase!r} is invalid; use one of {FAULT_PHASES}.")
+
+    @property
+    def id(self) -> str:
+        """Stable id used in logs, metrics and goodput records, e.g. "f3@step120/rank1/sigkill"."""
+        where = f"step{self.step}" if self.phase == "step" else f"{self.phase}{self.step}"
+        prefix = f"f{self.index}" if self.index is not None else "f"
+        return f"{prefix}@{where}/rank{self.rank}/{self.kind.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (the index is implied by the position in the plan)."""
+        return {"step": self.step, "rank": self.rank, "kind": self.kind.value, "phase": self.phase}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fault:
+        """Inverse of `to_dict`; unknown keys are an error so typos do not pass silently."""
+        unknown = set(data) - {"step", "rank", "kind", "phase"}
+        if unknown:
+            raise ValueError(
+                f"Fault keys {sorted(unknown)} are unknown; use step, rank, kind, phase."
+            )
+        return cls(**data)
+
+
+class InjectedFault(RuntimeError):
+    """Raised by an `exception` fault. Not a real failure: the run's FaultPlan asked for it."""
+
+    def __init__(self, fault: Fault) -> None:
+        super().__init__(
+            f"injected fault {fault.id} (kind {fault.kind.value!r}) on rank {fault.rank} at "
+            f"step {fault.step}; it comes from the run's FaultPlan, remove it there to stop it."
+        )
+        self.fault = fault
+
+    def __reduce__(self) -> tuple[type[InjectedFault], tuple[Fault]]:
+        # Crosses actor boundaries by pickling; keep the structured fault, not just the message.
+        return (InjectedFault, (self.fault,))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaultPlan:
+    """An immutable, ordered set of faults for one run.
+
+    Faults are sorted by (step, rank, phase, kind) and numbered f1, f2, ... in that order, so
+    ids do not depend on the order they were listed in. The same (step, rank, phase, kind) twice
+    is an error: it could only ever fire once.
+    """
+
+    faults: tuple[Fault, ...] = ()
+    """The faults; a list (of Fault or of dicts from `Fault.to_dict`) is accepted."""
+
+    def __post_init__(self) -> None:
+        faults = [f if isinstance(f, Fault) else Fault.from_dict(f) for f in self.faults]
+        faults.sort(key=lambda f: (f.step, f.rank, FAULT_PHASES.index(f.phase), f.kind.value))
+        numbered = tuple(dataclasses.replace(f, index=i) for i, f in enumerate(faults, start=1))
+        seen: set[tuple[int, int, str, FaultKind]] = set()
+        for fault in numbered:
+            key = (fault.step, fault.rank, fault.phase, fault.kind)
+            if key in seen:
+                raise ValueError(f"FaultPlan.faults has {fault.id} twice; list each fault once.")
+            seen.add(key)
+        object.__setattr__(self, "faults", numbered)
+
+    @classmethod
+    def none(cls) -> FaultPlan:
+        """The empty plan: nothing is injected."""
+        return cls()
+
+    @classmethod
+    def explicit(cls, faults: Sequence[Fault | Mapping[str, Any]]) -> FaultPlan:
+        """A plan from a hand-written list, e.g. `[Fault(step=20, rank=1, kind="sigkill")]`."""
+        return cls(faults=tuple(faults))
+
+    def __len__(self) -> int:
+        return len(self.faults)
+
+    def __iter__(self) -> Iterator[Fault]:
+        return iter(self.faults)
+
+    def get(self, fault_id: str) -> Fault:
+        """The fault with this id; KeyError if the plan has none."""
+        for fault in self.faults:
+            if fault.id == fault_id:
+                return fault
+        raise KeyError(f"no fault {fault_id!r} in this plan; ids: {[f.id for f in self.faults]}")
+
+    def for_rank_step(
+        self, rank: int, step: int, *, phase: str = "step", exclude: Collection[str] = ()
+    ) -> list[Fault]:
+        """Faults due on `rank` at `step` in `phase`, minus the ids in `exclude`.
+
+        Called by the worker at every step; pass the ids already fired as `exclude` so a step
+        trained again after a rollback does not fire its fault again.
+        """
+        return [
+            f for f in self.faults
+            if f.step == step and f.rank == rank and f.phase == phase and f.id not in exclude
+        ]
+
+    def validate_for(self, *, world_size: int, max_steps: int) -> None:
+        """Raise ValueError if a fault targets a rank or step the run will never reach."""
+        for fault in self.faults:
+            if fault.rank >= world_size:
+                raise ValueError(
+                    f"{fault.id}: rank={fault.rank} does not exist at world_size={world_size}; "
+                    f"target a rank below {world_size} or raise the world size."
+                )
+            if fault.step > max_steps:
+                raise ValueError(
+                    f"{fault.id}: step={fault.step} is after max_steps={max_steps}; it would "
+                    f"never fire. Move it to a step <= {max_steps} or raise max_steps."
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form: `{"faults": [{"step", "rank", "kind", "phase"}, ...]}`."""
+        return {"faults": [f.to_dict() for f in self.faults]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FaultPlan:
+        """Inverse of `to_dict`."""
+        if set(data) != {"faults"}:
+            raise ValueError(f"FaultPlan keys {sorted(data)} are invalid; expected only 'faults'.")
+        return cls(faults=tuple(Fault.from_dict(f) for f in data["faults"]))
+
+    @classmethod
+    def generate(
+        cls,
+        *,
+        seed: int,
+        fault_count: int,
+        after_step: int,
+        max_steps: int,
+        world_size: int,
+        kinds: Sequence[FaultKind | str],
+        weights: Sequence[float] | None = None,
+    ) -> FaultPlan:
+        """The AWS/NVRx fault-recovery test case's deterministic schedule, reproduced exactly.
+
+        `random.Random(seed)` draws `fault_count` distinct steps from after_step+1..max_steps
+        (sorted), then for each step in order a target rank `randint(1, world_size - 1)` (never
+        rank 0, which hosts the rendezvous) and a kind `choices(kinds, weights)`. The draw order
+        is part of the contract: the same arguments give the same plan as the reference script.
+        """
+        _check_generate_args(fault_count, after_step, max_steps, world_size, kinds, weights)
+        kind_list = [_as_kind(k, "kinds") for k in kinds]
+        rng = random.Random(seed)
+        steps = sorted(rng.sample(range(after_step + 1, max_steps + 1), fault_count))
+        faults = []
+        for step in steps:
+            rank = rng.randint(1, world_size - 1)
+            kind = rng.choices(kind_list, weights=weights, k=1)[0]
+            faults.append(Fault(step=step, rank=rank, kind=kind))
+        return cls(faults=tuple(faults))
+
+
+def _check_generate_args(
+    fault_count: int,
+    after_step: int,
+    max_steps: int,
+    world_size: int,
+    kinds: Sequence[FaultKind | str],
+    weights: Sequence[float] | None,
+) -> None:
+    """Validate `FaultPlan.generate`'s arguments before any random number is drawn."""
+    _require_int("world_size", world_size, 2, "The generator never targets rank 0; use >= 2.")
+    _require_int("fault_count", fault_count, 0, "Use 0 for no faults.")
+    _require_int("after_step", after_step, 0, "Use 0 to allow faults from step 1.")
+    _require_int("max_steps", max_steps, after_step + 1, "max_steps must exceed after_step.")
+    if fault_count > max_steps - after_step:
+        raise ValueError(
+            f"fault_count={fault_count} is more than the {max_steps - after_step} steps in "
+            f"{after_step + 1}..{max_steps}; lower fault_count or widen the range."
+        )
+    if isinstance(kinds, str) or len(kinds) == 0:
+        raise ValueError(f"kinds={kinds!r} is invalid; pass a non-empty list such as ['sigkill'].")
+    if weights is not None:
+        if len(weights) != len(kinds) or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(
+                f"weights={list(weights)!r} is invalid: give one non-negative weight per kind "
+                f"({len(kinds)} kinds) with a positive sum, or None for equal weights."
+            )
