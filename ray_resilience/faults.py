@@ -90,7 +90,8 @@ class Fault:
 
     @property
     def id(self) -> str:
-        """Stable id used in logs, metrics and goodput records, e.g. "f3@step120/rank1/sigkill"."""
+        """Stable id for logs, metrics and goodput records, e.g. "f3@step120/rank1/sigkill"
+        (the third fault of its plan); a fault outside a plan has no number: "f@step120/..."."""
         where = f"step{self.step}" if self.phase == "step" else f"{self.phase}{self.step}"
         prefix = f"f{self.index}" if self.index is not None else "f"
         return f"{prefix}@{where}/rank{self.rank}/{self.kind.value}"
@@ -101,12 +102,9 @@ class Fault:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fault:
-        """Inverse of `to_dict`; unknown keys are an error so typos do not pass silently."""
-        unknown = set(data) - {"step", "rank", "kind", "phase"}
-        if unknown:
-            raise ValueError(
-                f"Fault keys {sorted(unknown)} are unknown; use step, rank, kind, phase."
-            )
+        """Inverse of `to_dict`; unknown or missing keys are errors, so typos do not pass."""
+        if not {"step", "rank", "kind"} <= set(data) <= {"step", "rank", "kind", "phase"}:
+            raise ValueError(f"Fault keys {sorted(data)} are invalid; use step, rank, kind, phase.")
         return cls(**data)
 
 
@@ -187,16 +185,12 @@ class FaultPlan:
 
     def validate_for(self, *, world_size: int, max_steps: int) -> None:
         """Raise ValueError if a fault targets a rank or step the run will never reach."""
-        for fault in self.faults:
-            if fault.rank >= world_size:
+        for f in self.faults:
+            if f.rank >= world_size or f.step > max_steps:
                 raise ValueError(
-                    f"{fault.id}: rank={fault.rank} does not exist at world_size={world_size}; "
-                    f"target a rank below {world_size} or raise the world size."
-                )
-            if fault.step > max_steps:
-                raise ValueError(
-                    f"{fault.id}: step={fault.step} is after max_steps={max_steps}; it would "
-                    f"never fire. Move it to a step <= {max_steps} or raise max_steps."
+                    f"{f.id}: rank={f.rank}, step={f.step} is never reached with "
+                    f"world_size={world_size}, max_steps={max_steps}; target a rank below "
+                    f"{world_size} and a step <= {max_steps}, or enlarge the run."
                 )
 
     def to_dict(self) -> dict[str, Any]:
@@ -261,9 +255,10 @@ def _check_generate_args(
         )
     if isinstance(kinds, str) or len(kinds) == 0:
         raise ValueError(f"kinds={kinds!r} is invalid; pass a non-empty list such as ['sigkill'].")
-    if weights is not None:
-        if len(weights) != len(kinds) or any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(
-                f"weights={list(weights)!r} is invalid: give one non-negative weight per kind "
-                f"({len(kinds)} kinds) with a positive sum, or None for equal weights."
-            )
+    if weights is not None and (
+        len(weights) != len(kinds) or any(w < 0 for w in weights) or sum(weights) <= 0
+    ):
+        raise ValueError(
+            f"weights={list(weights)!r} is invalid: give one non-negative weight per kind "
+            f"({len(kinds)} kinds) with a positive sum, or None for equal weights."
+        )

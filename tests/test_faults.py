@@ -121,9 +121,9 @@ def test_plan_rejects_duplicates_and_unreachable_faults():
         FaultPlan.explicit([Fault(step=5, rank=1, kind="hang")] * 2)
     plan = FaultPlan.explicit([Fault(step=50, rank=3, kind="hang")])
     plan.validate_for(world_size=4, max_steps=50)
-    with pytest.raises(ValueError, match="rank=3"):
+    with pytest.raises(ValueError, match="rank=3.*world_size=3"):
         plan.validate_for(world_size=3, max_steps=50)
-    with pytest.raises(ValueError, match="max_steps=49"):
+    with pytest.raises(ValueError, match="step=50.*max_steps=49"):
         plan.validate_for(world_size=4, max_steps=49)
 
 
@@ -131,8 +131,10 @@ def test_plan_round_trips_through_json():
     plan = FaultPlan.generate(**AWS_ARGS, world_size=8, kinds=list(FaultKind))
     again = FaultPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert again == plan and [f.id for f in again] == [f.id for f in plan]
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(ValueError, match="keys"):
         FaultPlan.from_dict({"faults": [{"step": 1, "rank": 1, "kind": "hang", "when": 2}]})
+    with pytest.raises(ValueError, match="keys"):
+        FaultPlan.from_dict({"faults": [{"step": 1, "kind": "hang"}]})
 
 
 def test_injected_fault_survives_pickling_and_kinds_know_who_fires_them():

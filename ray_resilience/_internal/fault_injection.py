@@ -10,8 +10,10 @@ anything not sent yet). Each kind imitates a real failure as closely as one proc
                in-process restart interrupts the training thread) ends it.
 - native_hang: one very long C-level sleep. The interpreter never regains control, so an async
                exception is not delivered; like a rank stuck inside a collective or a CUDA call,
-               only killing the process (or a signal handler) ends it. This is the case that
-               forces the supervisor up the recovery ladder from in-process restart to respawn.
+               only killing the process (or a signal handler) ends it. The sleep releases the
+               GIL, so the actor still answers control calls and heartbeats keep flowing, as
+               with a real stuck collective. This is the case that forces the supervisor up
+               the recovery ladder from in-process restart to respawn.
 - sigkill:     `kill -9` of the own process: no Python cleanup, no last message.
 - oom:         the way the kernel OOM killer ends a process: SIGKILL. Memory is deliberately not
                exhausted (that would hurt the other processes on a shared machine), so the exit
