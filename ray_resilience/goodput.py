@@ -125,13 +125,15 @@ class GoodputReport:
 def compute_goodput(
     timeline: RunTimeline, *, steady_step_time_s: float | None = None
 ) -> GoodputReport:
-    """Compute the report. Works on a finished run and, for live dashboards, on one in progress.
+    """Compute the report. Works on a finished run and, for live dashboards, on one in progress
+    (the report keeps a snapshot of the timeline, so later events do not change it).
 
     `steady_step_time_s`: fault-free step time from a reference run; by default it is measured
     in this run before the first fault.
     """
     if timeline.t_start is None:
         raise ValueError("timeline has no run_started event; nothing to compute.")
+    timeline = timeline.snapshot()  # the supervisor may keep recording while this runs
     if steady_step_time_s is not None and not steady_step_time_s > 0:
         raise ValueError(
             f"steady_step_time_s={steady_step_time_s!r} is invalid; pass the fault-free step "

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
+import sys
+import threading
 
 import pytest
 
@@ -220,6 +223,41 @@ def test_timeline_round_trip_gives_the_same_report():
     timeline = rollback_run()
     again = RunTimeline.from_dict(json.loads(json.dumps(timeline.to_dict())))
     assert compute_goodput(again) == compute_goodput(timeline)
+
+
+def test_report_pickles_with_its_timeline_and_ignores_later_events():
+    timeline = rollback_run()
+    report = compute_goodput(timeline)
+    timeline.step_completed(101, 115.0, 2)  # recorded after the report was computed
+    again = pickle.loads(pickle.dumps(report))
+    assert again == report and again.timeline is not None
+    assert len(again.timeline.steps) == 109 and len(timeline.steps) == 110
+    again.timeline.step_completed(102, 116.0, 2)  # the unpickled lock works
+
+
+def test_concurrent_recording_while_computing():
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+
+    def record(offset: int) -> None:
+        for i in range(500):
+            timeline.step_completed(offset + i, float(offset + i), 2)
+            timeline.fault_detected(f"x{offset}-{i}", t_fault=1e6, t_detect=1e6,
+                                    step_at_fault=1, rank=1, cause="exception", kind=None)
+
+    threads = [threading.Thread(target=record, args=(k * 1000,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so unguarded iteration would break
+    try:
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            compute_goodput(timeline)
+    finally:
+        sys.setswitchinterval(interval)
+        for thread in threads:
+            thread.join()
+    assert len(compute_goodput(timeline).faults) == 2000 and len(timeline.steps) == 2000
 
 
 def test_write_merges_into_results_json(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from typing import Any
 
@@ -69,6 +70,7 @@ class RunTimeline:
 
     Order of calls: `run_started` first; then any mix of the others; `run_finished` last. Times
     may arrive slightly out of order (progress is reported in batches); readers sort by time.
+    Thread-safe (the supervisor actor is threaded); readers work on a `snapshot()`.
     """
 
     def __init__(self) -> None:
@@ -82,6 +84,21 @@ class RunTimeline:
         self.commits: list[CheckpointEvent] = []
         self.faults: dict[str, FaultEvent] = {}
         self._origin = time.monotonic()
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock does not pickle; reports carrying a timeline cross actors
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+    def snapshot(self) -> RunTimeline:
+        """An independent copy, consistent as of now; recording may go on meanwhile."""
+        with self._lock:
+            return RunTimeline.from_dict(self.to_dict())
 
     def now(self) -> float:
         """Seconds since this timeline was created, on `time.monotonic` (a ready-made clock)."""
@@ -104,7 +121,8 @@ class RunTimeline:
         from (time delta / step delta) between consecutive events.
         """
         self._check_started(t)
-        self.steps.append(StepEvent(step=step, t=t, world_size=world_size))
+        with self._lock:
+            self.steps.append(StepEvent(step=step, t=t, world_size=world_size))
 
     def checkpoint_saved(
         self, step: int, t: float, blocking_s: float, tier: str | None = None
@@ -117,12 +135,14 @@ class RunTimeline:
                 f"blocking_s={blocking_s!r} is invalid; pass the training thread's blocking "
                 "time in seconds (>= 0), the maximum over ranks."
             )
-        self.saves.append(CheckpointEvent(step=step, t=t, blocking_s=blocking_s, tier=tier))
+        with self._lock:
+            self.saves.append(CheckpointEvent(step=step, t=t, blocking_s=blocking_s, tier=tier))
 
     def checkpoint_committed(self, step: int, t: float) -> None:
         """Checkpoint `step` became durable and loadable (its commit marker exists) at `t`."""
         self._check_started(t)
-        self.commits.append(CheckpointEvent(step=step, t=t))
+        with self._lock:
+            self.commits.append(CheckpointEvent(step=step, t=t))
 
     def fault_detected(
         self, fault_id: str, *, t_fault: float, t_detect: float, step_at_fault: int,
@@ -135,14 +155,15 @@ class RunTimeline:
                 f"t_detect={t_detect} is before t_fault={t_fault} for {fault_id}; "
                 "record both on the supervisor's clock."
             )
-        if fault_id in self.faults:
-            raise ValueError(
-                f"fault_id={fault_id!r} was already recorded; give each fault a unique id."
+        with self._lock:
+            if fault_id in self.faults:
+                raise ValueError(
+                    f"fault_id={fault_id!r} was already recorded; give each fault a unique id."
+                )
+            self.faults[fault_id] = FaultEvent(
+                fault_id=fault_id, t_fault=t_fault, t_detect=t_detect,
+                step_at_fault=step_at_fault, rank=rank, cause=cause, kind=kind,
             )
-        self.faults[fault_id] = FaultEvent(
-            fault_id=fault_id, t_fault=t_fault, t_detect=t_detect, step_at_fault=step_at_fault,
-            rank=rank, cause=cause, kind=kind,
-        )
 
     def recovery_phase(
         self, fault_id: str, phase: str, t_start: float, t_end: float, *, tier: str | None = None
@@ -157,21 +178,29 @@ class RunTimeline:
         _check_tier(tier)
         if t_end < t_start:
             raise ValueError(f"{phase} of {fault_id}: t_end={t_end} is before t_start={t_start}.")
-        fault.phases.append(PhaseEvent(phase=phase, t_start=t_start, t_end=t_end, tier=tier))
+        with self._lock:
+            fault.phases.append(PhaseEvent(phase=phase, t_start=t_start, t_end=t_end, tier=tier))
 
     def recovery_done(self, fault_id: str, t_first_step: float, resumed_from_step: int) -> None:
         """After `fault_id`, training resumed from checkpoint `resumed_from_step` and completed
         its first step at `t_first_step` (0 = restarted from scratch)."""
         fault = self._fault(fault_id)
-        fault.t_first_step, fault.resumed_from_step = t_first_step, resumed_from_step
+        _check_time("t_first_step", t_first_step)
+        with self._lock:
+            fault.t_first_step, fault.resumed_from_step = t_first_step, resumed_from_step
 
     def run_finished(self, t: float, final_step: int) -> None:
         """The run ended at `t` with `final_step` as the last completed step."""
         self._check_started(t)
-        self.t_end, self.final_step = t, final_step
+        with self._lock:
+            self.t_end, self.final_step = t, final_step
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe copy of everything recorded (for results.json and re-plotting)."""
+        with self._lock:
+            return self._to_dict_locked()
+
+    def _to_dict_locked(self) -> dict[str, Any]:
         return {
             "t_start": self.t_start, "t_end": self.t_end, "world_size": self.world_size,
             "start_step": self.start_step, "final_step": self.final_step,
@@ -201,9 +230,12 @@ class RunTimeline:
         _check_time("t", t)
 
     def _fault(self, fault_id: str) -> FaultEvent:
-        if fault_id not in self.faults:
-            raise ValueError(f"fault_id={fault_id!r} is unknown; call fault_detected for it first.")
-        return self.faults[fault_id]
+        with self._lock:
+            if fault_id not in self.faults:
+                raise ValueError(
+                    f"fault_id={fault_id!r} is unknown; call fault_detected for it first."
+                )
+            return self.faults[fault_id]
 
 
 def _check_time(name: str, t: float) -> None:
