@@ -1,0 +1,31 @@
+"""Deployment helpers: validate KubeRay / Kubernetes manifests before applying them.
+
+Public surface: `validate_manifest_file`, `validate_dir`, `validate_resources`, the
+`ManifestProblem` they return, the `Rule` ids, the setup errors, and the CLI hook `main`.
+"""
+
+from ray_resilience.deploy.command import main
+from ray_resilience.deploy.problems import (
+    CrdSchemaError,
+    KubernetesVersionError,
+    ManifestProblem,
+    ManifestValidationError,
+    Rule,
+)
+from ray_resilience.deploy.validate import (
+    validate_dir,
+    validate_manifest_file,
+    validate_resources,
+)
+
+__all__ = [
+    "CrdSchemaError",
+    "KubernetesVersionError",
+    "ManifestProblem",
+    "ManifestValidationError",
+    "Rule",
+    "main",
+    "validate_dir",
+    "validate_manifest_file",
+    "validate_resources",
+]

@@ -1,0 +1,77 @@
+"""`validate-manifests`: the command-line face of the manifest validator.
+
+Wired as `python -m ray_resilience validate-manifests PATH...` by `ray_resilience.cli`; exit codes
+follow linters (0 valid, 1 problems found, 2 the validator could not run) so CI can gate on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ray_resilience.deploy.problems import ManifestProblem, ManifestValidationError
+from ray_resilience.deploy.schemas import DEFAULT_KUBERNETES_VERSION
+from ray_resilience.deploy.validate import validate_dir, validate_manifest_file
+
+CRD_DIR_ENV_VAR = "RAY_RESILIENCE_KUBERAY_CRD_DIR"
+# In a source checkout the CRDs sit beside the repository: <repo>/../shared/kuberay/crds.
+_CHECKOUT_CRD_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "kuberay", "crds"
+)
+
+
+def default_crd_dir() -> str | None:
+    """$RAY_RESILIENCE_KUBERAY_CRD_DIR, else the CRDs beside a source checkout, else None."""
+    env = os.environ.get(CRD_DIR_ENV_VAR)
+    if env:
+        return env
+    return os.path.normpath(_CHECKOUT_CRD_DIR) if os.path.isdir(_CHECKOUT_CRD_DIR) else None
+
+
+def main(argv: list[str]) -> int:
+    """`validate-manifests PATH... [--jobs-dir D] [--crd-dir D] [--kubernetes-version V]`.
+
+    `argv` excludes the subcommand name. Returns 0 when valid, 1 on problems, 2 on usage errors.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m ray_resilience validate-manifests",
+        description="Validate KubeRay RayJob/RayCluster/RayService and Kubernetes manifests.",
+    )
+    parser.add_argument("paths", nargs="+", help="manifest files or directories of *.yaml")
+    parser.add_argument("--jobs-dir", default="jobs", help="folder of job scripts (default: jobs)")
+    parser.add_argument(
+        "--crd-dir",
+        default=default_crd_dir(),
+        help=f"KubeRay CRD folder (default: ${CRD_DIR_ENV_VAR})",
+    )
+    parser.add_argument("--kubernetes-version", default=DEFAULT_KUBERNETES_VERSION)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    if not args.crd_dir:
+        parser.print_usage(sys.stderr)
+        print(
+            f"error: pass --crd-dir or set ${CRD_DIR_ENV_VAR} to the KubeRay v1.7.0 CRD folder "
+            "(helm-chart/kuberay-operator/crds)",
+            file=sys.stderr,
+        )
+        return 2
+    problems: list[ManifestProblem] = []
+    try:
+        for path in args.paths:
+            check = validate_dir if os.path.isdir(path) else validate_manifest_file
+            problems += check(
+                path,
+                jobs_dir=args.jobs_dir,
+                crd_dir=args.crd_dir,
+                kubernetes_version=args.kubernetes_version,
+            )
+    except ManifestValidationError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(problem)
+    print(f"{len(problems)} problem(s)" if problems else "all manifests valid")
+    return 1 if problems else 0

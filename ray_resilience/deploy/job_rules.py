@@ -1,0 +1,130 @@
+"""Rules that tie a RayJob's entrypoint to its cluster: script, GPUs, resumability, storage.
+
+These catch mistakes no schema can: a job that asks for 16 ranks on 12 GPUs waits forever for a
+placement group; a rerun (backoffLimit) whose run name changes starts from step 0; a script name
+typo fails only after the p5 nodes have been provisioned and paid for.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any
+
+from ray_resilience.deploy.cluster import PodGroup, pod_groups, quantity
+from ray_resilience.deploy.entrypoint import Entrypoint, parse_entrypoint
+from ray_resilience.deploy.problems import DocContext, ManifestProblem, Rule
+from ray_resilience.deploy.storage_rules import path_problems
+
+GPU_RESOURCE = "nvidia.com/gpu"
+_ENTRYPOINT = ("spec", "entrypoint")
+_SHELL_EXPANSION = ("$", "`")
+
+
+def job_problems(ctx: DocContext, doc: dict[str, Any], jobs_dir: str) -> list[ManifestProblem]:
+    """All entrypoint rules for one RayJob (InteractiveMode jobs have no entrypoint to check)."""
+    spec = doc.get("spec") or {}
+    if spec.get("submissionMode") == "InteractiveMode":
+        return []
+    text = spec.get("entrypoint")
+    try:
+        entry = parse_entrypoint(text if isinstance(text, str) else "")
+    except ValueError as err:
+        fix = "fix the shell quoting of the entrypoint"
+        return [ctx.problem(_ENTRYPOINT, Rule.ENTRYPOINT_FILE, text, f"cannot parse: {err}", fix)]
+    problems = _script_problems(ctx, entry, jobs_dir, text) + _resume_problems(ctx, spec, entry)
+    groups = pod_groups(doc)
+    if groups:
+        problems += _gpu_problems(ctx, entry, groups)
+        problems += path_problems(ctx, entry, groups, "storage_path", writable=True)
+        problems += path_problems(ctx, entry, groups, "data_dir", writable=False)
+    return problems
+
+
+def _script_problems(
+    ctx: DocContext, entry: Entrypoint, jobs_dir: str, text: Any
+) -> list[ManifestProblem]:
+    """The entrypoint must run a script from jobs/ that exists in `jobs_dir`."""
+    if entry.script is None:
+        message = "no `python jobs/<file>.py` invocation found in the entrypoint"
+        fix = "run one of the job scripts, e.g. python jobs/train_llama_fsdp.py ..."
+        return [ctx.problem(_ENTRYPOINT, Rule.ENTRYPOINT_FILE, text, message, fix)]
+    parts = posixpath.normpath(entry.script).split("/")
+    if "jobs" not in parts[:-1]:
+        message = "the entrypoint script is not under jobs/, where the job scripts ship"
+        fix = "run a script from jobs/, e.g. jobs/train_llama_fsdp.py"
+        return [ctx.problem(_ENTRYPOINT, Rule.ENTRYPOINT_FILE, entry.script, message, fix)]
+    relative = parts[len(parts) - parts[::-1].index("jobs") :]
+    if os.path.isfile(os.path.join(jobs_dir, *relative)):
+        return []
+    available = sorted(n for n in os.listdir(jobs_dir) if n.endswith(".py"))
+    message = f"{'/'.join(relative)} does not exist in {jobs_dir}; the job would fail at start"
+    fix = f"fix the script name; available: {', '.join(available) or 'none'}"
+    return [ctx.problem(_ENTRYPOINT, Rule.ENTRYPOINT_FILE, entry.script, message, fix)]
+
+
+def _resume_problems(
+    ctx: DocContext, spec: dict[str, Any], entry: Entrypoint
+) -> list[ManifestProblem]:
+    """backoffLimit > 0 only helps if the rerun finds the same run folder on shared storage."""
+    retries = spec.get("backoffLimit")
+    if not isinstance(retries, int) or retries <= 0 or entry.script is None:
+        return []
+    why = f"backoffLimit {retries} reruns the job on a brand-new RayCluster, but"
+    run_name = entry.args.get("run_name")
+    problems = []
+
+    def add(value: object, message: str, fix: str) -> None:
+        problems.append(ctx.problem(_ENTRYPOINT, Rule.RESUME, value, f"{why} {message}", fix))
+
+    if not isinstance(run_name, str):
+        add(run_name, "without --run_name every rerun starts from step 0", "add --run_name NAME")
+    elif any(c in run_name for c in _SHELL_EXPANSION):
+        add(run_name, "the shell expands --run_name, so a rerun may get a new name and start "
+            "from step 0", "use a literal run name, e.g. --run_name llama3-8b-run1")  # fmt: skip
+    if not isinstance(entry.args.get("storage_path"), str):
+        add(None, "without --storage_path the checkpoints stay in the old cluster's pods",
+            "add --storage_path on the shared volume, e.g. /fsx/checkpoints")  # fmt: skip
+    return problems
+
+
+def _gpus(group: PodGroup) -> int:
+    """GPUs Ray sees in one pod: rayStartParams num-gpus overrides the container's GPU limit."""
+    override = (group.spec.get("rayStartParams") or {}).get("num-gpus")
+    resources = group.ray_container().get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    value = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE)) if override is None else override
+    return int(quantity(value or 0) or 0)
+
+
+def _gpu_problems(
+    ctx: DocContext, entry: Entrypoint, groups: list[PodGroup]
+) -> list[ManifestProblem]:
+    """One training process per GPU: GPUs per worker pod x pods == --num_workers."""
+    head, workers = groups[0], groups[1:]
+    total = sum(_gpus(g) * g.pods() for g in workers)
+    layout = ", ".join(f"{g.name}: {_gpus(g)} GPUs x {g.pods()} pods" for g in workers) or "none"
+    num_workers = entry.args.get("num_workers")
+    problems = []
+
+    def add(value: object, message: str, fix: str, path: Any = _ENTRYPOINT) -> None:
+        problems.append(ctx.problem(path, Rule.GPU_COUNT, value, message, fix))
+
+    if _gpus(head):
+        add(_gpus(head), "the head pod holds GPUs that no rank uses (ranks run on worker pods; "
+            "the head runs the driver and the supervisor)", f"remove {GPU_RESOURCE} from the "
+            "head", [*head.pod_path, "containers", 0, "resources"])  # fmt: skip
+    if entry.args.get("use_gpu") is not True:
+        if total:
+            add(total, f"worker pods hold {total} GPUs ({layout}) but the entrypoint lacks "
+                "--use_gpu: training would run on CPU with the GPUs idle",
+                "add --use_gpu, or remove the GPUs from the worker groups")  # fmt: skip
+    elif not (isinstance(num_workers, str) and num_workers.isdigit()):
+        add(num_workers, "--use_gpu without an integer --num_workers: ranks cannot be matched "
+            "to GPUs", f"pass --num_workers {total} ({layout})")  # fmt: skip
+    elif int(num_workers) != total:
+        add(f"--num_workers {num_workers}", f"--num_workers {num_workers} but the worker pods "
+            f"hold {total} GPUs ({layout}); with one rank per GPU the job would wait forever "
+            "for GPUs or leave some idle", f"pass --num_workers {total}, or change replicas / "
+            f"{GPU_RESOURCE} so that GPUs per pod x pods = {num_workers}")  # fmt: skip
+    return problems

@@ -1,0 +1,215 @@
+"""Validate KubeRay and Kubernetes manifests before they reach a cluster.
+
+`kubectl apply` accepts a RayJob whose fields are misspelt (the API server drops them), whose
+name the operator later rejects, or whose checkpoints would vanish with a pod. This module runs,
+per YAML document: the strict CRD schema (custom kinds) or the strict Kubernetes schema (built-in
+kinds), then the operator's reconcile-time rules, then the job rules that make a RayJob resumable.
+
+    python -m ray_resilience validate-manifests cluster_configs/ --crd-dir <kuberay>/crds
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from ray_resilience.deploy.job_rules import job_problems
+from ray_resilience.deploy.problems import (
+    DocContext,
+    ManifestProblem,
+    ManifestValidationError,
+    Rule,
+)
+from ray_resilience.deploy.rules import NAME_LIMITS, operator_problems
+from ray_resilience.deploy.schemas import (
+    DEFAULT_KUBERNETES_VERSION,
+    YAML_LOADER,
+    CrdSchemas,
+    builtin_problems,
+    crd_problems,
+    load_crd_schemas,
+    metadata_problems,
+)
+from ray_resilience.deploy.storage_rules import claim_problems
+
+MANIFEST_PATTERNS = ("*.yaml", "*.yml")
+
+
+class _StrictLoader(YAML_LOADER):  # type: ignore[misc, valid-type]
+    """YAML loader that rejects duplicate keys (PyYAML keeps the last one without a word)."""
+
+
+def _mapping_without_duplicates(loader: Any, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r}; only the last value would be used",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _mapping_without_duplicates)
+
+
+def load_documents(path: str) -> tuple[list[Any], list[ManifestProblem]]:
+    """The YAML documents of one file (None for empty ones), or a YAML problem if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return list(yaml.load_all(f, Loader=_StrictLoader)), []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "the file"
+        ctx = DocContext(path, 0, "file")
+        return [], [
+            ctx.problem(
+                [],
+                Rule.YAML,
+                where,
+                f"cannot read YAML: {err}".replace("\n", " "),
+                f"fix the YAML at {where}",
+            )
+        ]
+
+
+def validate_resources(
+    docs: Sequence[Any],
+    *,
+    source: str,
+    jobs_dir: str,
+    crd_dir: str,
+    kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
+    declared_claims: set[str] | None = None,
+) -> list[ManifestProblem]:
+    """Validate parsed YAML documents as if they were read from `source` (used for reports).
+
+    `declared_claims`: PVC names that exist alongside; default: the PVCs among `docs`. Ray pods
+    may only use declared claims when there is at least one.
+    """
+    _check_dir(jobs_dir, "jobs_dir", "--jobs-dir: the folder holding the job scripts")
+    crds = load_crd_schemas(os.path.realpath(crd_dir))
+    claims = _declared_claims(docs) if declared_claims is None else declared_claims
+    problems: list[ManifestProblem] = []
+    for index, doc in enumerate(docs):
+        if doc is not None:
+            ctx = DocContext(source, index, _label(doc, index))
+            problems += _validate_document(ctx, doc, crds, jobs_dir, kubernetes_version, claims)
+    return problems
+
+
+def validate_manifest_file(
+    path: str, *, jobs_dir: str, crd_dir: str, kubernetes_version: str = DEFAULT_KUBERNETES_VERSION
+) -> list[ManifestProblem]:
+    """Every problem in one manifest file (an empty list means it is valid)."""
+    docs, problems = load_documents(path)
+    return problems + validate_resources(
+        docs, source=path, jobs_dir=jobs_dir, crd_dir=crd_dir, kubernetes_version=kubernetes_version
+    )
+
+
+def validate_dir(
+    path: str, *, jobs_dir: str, crd_dir: str, kubernetes_version: str = DEFAULT_KUBERNETES_VERSION
+) -> list[ManifestProblem]:
+    """Every problem in the `*.yaml` / `*.yml` files of a directory (not recursive).
+
+    Claims are cross-checked: a Ray pod must use a PVC declared in one of the files.
+    """
+    _check_dir(path, "manifest directory", "a folder of .yaml manifests")
+    files = sorted(
+        f for pattern in MANIFEST_PATTERNS for f in glob.glob(os.path.join(path, pattern))
+    )
+    if not files:
+        raise ManifestValidationError(f"no *.yaml or *.yml files in {path!r}")
+    loaded = [(f, *load_documents(f)) for f in files]
+    claims = _declared_claims([d for _, docs, _ in loaded for d in docs])
+    problems: list[ManifestProblem] = []
+    for file, docs, load_problems in loaded:
+        problems += load_problems + validate_resources(
+            docs,
+            source=file,
+            jobs_dir=jobs_dir,
+            crd_dir=crd_dir,
+            kubernetes_version=kubernetes_version,
+            declared_claims=claims,
+        )
+    return problems
+
+
+def _validate_document(
+    ctx: DocContext, doc: Any, crds: CrdSchemas, jobs_dir: str, version: str, claims: set[str]
+) -> list[ManifestProblem]:
+    shape = _shape_problem(ctx, doc)
+    if shape:
+        return [shape]
+    validator = crds.validator(doc["apiVersion"], doc["kind"])
+    if validator is None:
+        return builtin_problems(ctx, doc, version)
+    problems = crd_problems(ctx, doc, validator) + metadata_problems(ctx, doc["metadata"], version)
+    if doc["kind"] not in NAME_LIMITS:
+        return problems
+    try:
+        problems += operator_problems(ctx, doc) + claim_problems(ctx, doc, claims)
+        if doc["kind"] == "RayJob":
+            problems += job_problems(ctx, doc, jobs_dir)
+    except (AttributeError, TypeError, ValueError, KeyError):
+        # Rules read the document as the schema describes it. If the schema check found the
+        # structure broken, its problems already explain the crash; otherwise it is our bug.
+        if not problems:
+            raise
+    return problems
+
+
+def _shape_problem(ctx: DocContext, doc: Any) -> ManifestProblem | None:
+    if not isinstance(doc, dict):
+        return ctx.problem(
+            [],
+            Rule.RESOURCE_SHAPE,
+            doc,
+            "document is not a mapping",
+            "make it a Kubernetes object with apiVersion, kind and metadata",
+        )
+    missing = [k for k in ("apiVersion", "kind") if not isinstance(doc.get(k), str)]
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+        missing.append("metadata.name")
+    if not missing:
+        return None
+    return ctx.problem(
+        missing[:1],
+        Rule.RESOURCE_SHAPE,
+        None,
+        f"missing or not a string: {', '.join(missing)}",
+        f"add {', '.join(missing)}",
+    )
+
+
+def _label(doc: Any, index: int) -> str:
+    if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict):
+        return f"{doc.get('kind', '?')}/{doc['metadata'].get('name', '?')}"
+    return f"document {index}"
+
+
+def _declared_claims(docs: Sequence[Any]) -> set[str]:
+    return {
+        str(d["metadata"]["name"])
+        for d in docs
+        if isinstance(d, dict)
+        and d.get("kind") == "PersistentVolumeClaim"
+        and isinstance(d.get("metadata"), dict)
+        and "name" in d["metadata"]
+    }
+
+
+def _check_dir(path: str, what: str, hint: str) -> None:
+    if not os.path.isdir(path):
+        raise ManifestValidationError(f"{what} {path!r} is not a directory; pass {hint}")
