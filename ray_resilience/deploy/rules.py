@@ -103,6 +103,12 @@ def _dashboard_problems(ctx: DocContext, head: PodGroup) -> list[ManifestProblem
     ]
 
 
+def _differ(request: Any, limit: Any) -> bool:
+    """Unparseable quantities are the schema check's to report, not a mismatch."""
+    wanted, allowed = quantity(request), quantity(limit)
+    return wanted is not None and allowed is not None and wanted != allowed
+
+
 def _get(node: Any, path: list[str]) -> Any:
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
@@ -119,7 +125,7 @@ def _requests_limits_problems(ctx: DocContext, group: PodGroup) -> list[Manifest
         for name in sorted(set(requests) | set(limits)):
             if name not in limits:
                 what, fix = "is requested without a limit", f"add limits.{name}: {requests[name]}"
-            elif name in requests and quantity(requests[name]) != quantity(limits[name]):
+            elif name in requests and _differ(requests[name], limits[name]):
                 what = f"request {requests[name]} differs from limit {limits[name]}"
                 fix = f"set requests.{name} equal to limits.{name}"
             else:
