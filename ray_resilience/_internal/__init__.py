@@ -1,0 +1,1 @@
+"""Machinery behind the public API. Nothing here is a stable interface."""

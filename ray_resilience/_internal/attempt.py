@@ -1,0 +1,54 @@
+"""What the supervisor hands a rank for one attempt, and what the rank hands back."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ray_resilience.errors import WorkerError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttemptSpec:
+    """Rendezvous and identity of one rank in one attempt (an attempt id prefixes everything)."""
+
+    attempt: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    backend: str
+    use_gpu: bool
+    run_name: str
+    run_dir: str
+    process_group_timeout_s: float
+    progress_interval_s: float
+    checkpoint_spec: Any = None
+    faults: tuple = ()
+    """Injected faults for this rank that have not fired yet."""
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.master_addr}:{self.master_port}"
+
+
+@dataclasses.dataclass(kw_only=True)
+class AttemptOutcome:
+    """How one rank's attempt ended. `status` is finished, failed or interrupted."""
+
+    rank: int
+    attempt: int
+    status: str
+    error: WorkerError | None = None
+    failed_at: float | None = None
+    """Wall time of the exception: the earliest error across ranks is the root cause."""
+    return_value: Any = None
+    metrics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    last_step: int | None = None
+    last_step_time: float | None = None
+    checkpoint_saves: list = dataclasses.field(default_factory=list)
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Timed phases the rank went through (e.g. checkpoint_load with its tier)."""

@@ -1,0 +1,40 @@
+"""Turning an exception on a rank into a `WorkerError` that crosses the actor boundary."""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+
+from ray_resilience.errors import WorkerError
+
+#: Frames from these files are our machinery, not the user's code: left out of tracebacks.
+_OWN_FRAMES = ("ray_resilience/_internal/worker.py", "ray/util/tracing/")
+
+
+def _user_frames(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    while tb is not None and any(p in tb.tb_frame.f_code.co_filename for p in _OWN_FRAMES):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def describe(exc: BaseException, rank: int, attempt: int) -> WorkerError:
+    """Type, message and traceback always travel; the exception itself when it pickles."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        cause: BaseException | None = exc
+    except Exception:  # noqa: BLE001 - the cause stays on this side; type and text travel
+        cause = None
+    error = WorkerError(ranks=[rank], attempt=attempt, exc_type=type(exc).__qualname__,
+                        message=str(exc), traceback=_user_frames(exc), cause=cause)
+    _drop_frames(exc)
+    return error
+
+
+def _drop_frames(exc: BaseException | None) -> None:
+    """Tracebacks hold the attempt's frames (model, optimizer, device mesh): let them go."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__

@@ -1,0 +1,83 @@
+"""One recovery, as the supervisor carries it out: tear down, respawn, new attempt.
+
+Every rank that keeps its process is interrupted (collectives aborted, an exception raised
+into its training thread) and must unwind within `InProcessConfig.interrupt_timeout_s`; ranks
+that do not, and ranks whose process is gone, are killed and replaced when `InJobConfig` allows.
+Each phase is timed on the supervisor's clock and recorded in the goodput timeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from ray_resilience.errors import HangError
+from ray_resilience._internal.state import FaultEvent
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    """Carries out one `Decision` to restart; `execute()` returns an error if it cannot."""
+
+    def __init__(self, sup: Any, fault: FaultEvent, decision: Any) -> None:
+        self.sup, self.fault, self.decision = sup, fault, decision
+        self.fault_id = fault.detail.get("fault_id") or f"fault{len(sup.faults)}-a{fault.attempt}"
+        self.respawn: set[int] = set(decision.respawn)
+        self._load_recorded = False
+
+    def execute(self) -> BaseException | None:
+        sup, fault = self.sup, self.fault
+        timeline = sup.record.timeline
+        t_fault = fault.t_fault or fault.t_detect
+        timeline.fault_detected(
+            self.fault_id, t_fault=t_fault, t_detect=max(fault.t_detect, t_fault),
+            step_at_fault=fault.step or 0, rank=fault.ranks[0], cause=fault.cause,
+            kind=fault.detail.get("kind"))
+        error = self._teardown()
+        if error is not None:
+            return error
+        t_torn = time.time()
+        timeline.recovery_phase(self.fault_id, "teardown", fault.t_detect, t_torn)
+        if self.respawn:
+            sup.group.replace(sorted(self.respawn), sup.cfg.in_job.replacement_timeout_s)
+            sup.num_respawns += 1
+        sup.attempt += 1
+        sup.record.expect_recovery(sup.attempt, self.fault_id)
+        sup.launch_attempt()
+        t_launched = time.time()
+        timeline.recovery_phase(self.fault_id, "rendezvous", t_torn, t_launched)
+        log.info("[%s] attempt %d started after %s (respawned %s) in %.2f s", sup.run_name,
+                 sup.attempt, fault.cause, sorted(self.respawn), t_launched - fault.t_detect)
+        return None
+
+    def _teardown(self) -> BaseException | None:
+        sup = self.sup
+        for rank in self.respawn:
+            sup.group.kill(rank)  # a stuck or dead rank is killed before it is replaced
+        keep = {ref: rank for ref, rank in sup.futures.items() if rank not in self.respawn}
+        for rank in keep.values():
+            sup.group.actors[rank].interrupt.remote(sup.attempt)
+        timeout = sup.cfg.in_process.interrupt_timeout_s if sup.cfg.in_process else 10.0
+        ready, stuck = ray.wait(list(keep), num_returns=len(keep), timeout=timeout) if keep else ([], [])
+        for ref in ready:
+            try:
+                sup.record_outcome(ray.get(ref))
+            except RayActorError:
+                self.respawn.add(keep[ref])
+        stuck_ranks = sorted(keep[ref] for ref in stuck)
+        sup.futures = {}
+        if stuck_ranks:
+            if sup.cfg.in_job is None:
+                return HangError(stuck_ranks, sup.attempt, timeout,
+                                 "InProcessConfig.interrupt_timeout_s", timeout)
+            log.warning("ranks %s did not unwind within %.1f s: respawning them",
+                        stuck_ranks, timeout)
+            for rank in stuck_ranks:
+                sup.group.kill(rank)
+            self.respawn.update(stuck_ranks)
+        return None

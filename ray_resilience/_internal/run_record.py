@@ -1,0 +1,109 @@
+"""The supervisor's record of the run: metric history, global steps, faults, the timeline.
+
+Everything here is fed from heartbeats and attempt outcomes (worker wall clock, `time.time()`)
+and from the supervisor's own detections (same clock). Thread-safe: heartbeats arrive on other
+actor threads than the state machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ray_resilience.goodput import RunTimeline
+
+
+class RunRecord:
+    """Aggregates per-rank reports into global steps and feeds the goodput timeline."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.timeline = RunTimeline()
+        self.history: list[dict[str, Any]] = []
+        self.lock = threading.RLock()
+        self._pending: dict[tuple[int, int], tuple[int, float]] = {}
+        self._saves: dict[tuple[int, int], tuple[int, float, float]] = {}
+        self.global_step: int | None = None
+        self.first_step_by_attempt: dict[int, tuple[int, float]] = {}
+        self.last_step_by_attempt: dict[int, int] = {}
+        self.fired: dict[str, dict[str, Any]] = {}
+        """Injected faults that fired: id -> {rank, attempt, t, step, kind}."""
+        self._recovering: dict[int, str] = {}
+        """attempt -> the fault it recovers from, until its first step completes."""
+        self._load_seen: set[int] = set()
+        self.loads: list[dict[str, Any]] = []
+        """Every checkpoint load a rank reported (attempt, rank, tier, step, seconds)."""
+
+    def expect_recovery(self, attempt: int, fault_id: str) -> None:
+        with self.lock:
+            self._recovering[attempt] = fault_id
+
+    def add_events(self, attempt: int, events: list[dict[str, Any]]) -> None:
+        """Timed phases reported by a rank; the first checkpoint load of a recovery is recorded."""
+        with self.lock:
+            for ev in events:
+                if ev.get("phase") != "checkpoint_load":
+                    continue
+                self.loads.append({**ev, "attempt": attempt})
+                fault_id = self._recovering.get(attempt)
+                if fault_id is not None and attempt not in self._load_seen:
+                    self._load_seen.add(attempt)
+                    self.timeline.recovery_phase(fault_id, "checkpoint_load", ev["t_start"],
+                                                 ev["t_end"], tier=ev.get("tier"))
+
+    def start(self, t: float, start_step: int = 0) -> None:
+        self.timeline.run_started(t, self.world_size, start_step=start_step)
+
+    def add_reports(self, attempt: int, records: list[dict[str, Any]]) -> None:
+        """Metric dicts from one rank; a step completes globally when every rank reported it."""
+        with self.lock:
+            for rec in records:
+                self.history.append({**rec, "attempt": attempt})
+                key = (attempt, rec["step"])
+                count, t = self._pending.get(key, (0, 0.0))
+                count, t = count + 1, max(t, rec.get("time", time.time()))
+                if count < self.world_size:
+                    self._pending[key] = (count, t)
+                    continue
+                self._pending.pop(key, None)
+                self._step_done(attempt, rec["step"], t)
+
+    def _step_done(self, attempt: int, step: int, t: float) -> None:
+        self.global_step = step
+        self.first_step_by_attempt.setdefault(attempt, (step, t))
+        self.last_step_by_attempt[attempt] = max(step, self.last_step_by_attempt.get(attempt, step))
+        self.timeline.step_completed(step, t, self.world_size)
+        fault_id = self._recovering.pop(attempt, None)
+        if fault_id is not None:
+            self.timeline.recovery_done(fault_id, t, resumed_from_step=step - 1)
+
+    def add_saves(self, attempt: int, saves: list[tuple[int, float]], t: float) -> None:
+        """Checkpoint blocking times of one rank; recorded once every rank saved that step."""
+        with self.lock:
+            for step, blocking in saves:
+                key = (attempt, step)
+                count, worst, _ = self._saves.get(key, (0, 0.0, t))
+                count, worst = count + 1, max(worst, blocking)
+                if count < self.world_size:
+                    self._saves[key] = (count, worst, t)
+                    continue
+                self._saves.pop(key, None)
+                self.timeline.checkpoint_saved(step, t, worst)
+
+    def fault_fired(self, fault_id: str, info: dict[str, Any]) -> None:
+        with self.lock:
+            self.fired[fault_id] = info
+
+    def match_injected(self, ranks: list[int], attempt: int) -> tuple[str, dict[str, Any]] | None:
+        """The injected fault behind a detected one (same rank and attempt), if any."""
+        with self.lock:
+            for fault_id, info in reversed(list(self.fired.items())):
+                if info["rank"] in ranks and info["attempt"] == attempt and not info.get("matched"):
+                    info["matched"] = True
+                    return fault_id, info
+        return None
+
+    def sorted_history(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return sorted(self.history, key=lambda m: (m["attempt"], m["step"], m["rank"]))

@@ -1,0 +1,203 @@
+"""The worker actor: hosts one rank, runs the user's train function in its own thread.
+
+A plain class, wrapped with `ray.remote` where it is created, so tests can drive it without
+Ray. The actor is threaded: `run_attempt` blocks until the training thread ends while status
+and control calls (`interrupt`, `info`) are still served. The process, its imports and (on GPU)
+its CUDA context survive from one attempt to the next; only torch.distributed is rebuilt.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ray_resilience.context import TrainContext, _Session, _set_session
+from ray_resilience._internal.abort import CollectiveAborter
+from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec
+from ray_resilience._internal.errors_capture import describe
+from ray_resilience._internal.fault_injection import fire
+from ray_resilience._internal.interrupt import TrainingInterrupted, async_raise, cancel_async_raise
+from ray_resilience._internal.pg_teardown import teardown_process_groups
+from ray_resilience._internal.progress import ProgressForwarder
+
+
+class Worker:
+    """One rank. Created once per rank (and again only when the rank is respawned)."""
+
+    def __init__(self, train_fn: Callable[..., Any], train_config: dict[str, Any] | None,
+                 supervisor: Any) -> None:
+        self._train_fn, self._train_config = train_fn, train_config
+        self._supervisor = supervisor
+        self._thread: threading.Thread | None = None
+        self._attempt: int | None = None
+        self._interrupted = threading.Event()
+        self._interrupt_lock = threading.Lock()
+        self._interruptible = False
+        self._stale_groups = False
+        self._aborter = CollectiveAborter()
+        self._fired: set[str] = set()
+        self._checkpointer: Any = None
+
+    # --- status and control calls (served while training runs) ------------------------------
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def free_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def interrupt(self, attempt: int) -> bool:
+        """Stops `attempt` now: aborts its collectives and raises into the training thread.
+
+        Returns False when that attempt is not running here (already over, or a newer one).
+        A thread blocked in native code only unwinds when the call returns: the supervisor's
+        hard timeout covers that case.
+        """
+        thread = self._thread
+        with self._interrupt_lock:
+            if self._attempt != attempt or thread is None or not self._interruptible:
+                return False
+            self._interrupted.set()
+            async_raise(thread.ident, TrainingInterrupted)  # pending until the C call returns
+        self._aborter.abort()  # ... which this makes happen now for collectives
+        return True
+
+    # --- one attempt ------------------------------------------------------------------------
+
+    def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
+        """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
+        self._release_process_groups()
+        self._attempt = spec.attempt
+        self._interrupted.clear()
+        self._ensure_checkpointer(spec)
+        session = _Session(self._context(spec), checkpointer=self._checkpointer,
+                           faults=self._fault_hook(spec))
+        box: dict[str, Any] = {}
+        forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
+                                      attempt=spec.attempt, interval_s=spec.progress_interval_s)
+        self._thread = threading.Thread(
+            target=self._train_thread, args=(spec, session, box),
+            name=f"rr-train-r{spec.rank}-a{spec.attempt}", daemon=True)
+        forwarder.start()
+        self._thread.start()
+        self._thread.join()
+        metrics, step, step_time, saves, events = forwarder.stop()
+        # Process groups are released at the start of the next attempt (or at shutdown), not
+        # here: a failed rank reports at once instead of after destroying its groups.
+        self._stale_groups = True
+        error = box.get("error")
+        status = "interrupted" if self._interrupted.is_set() else ("failed" if error else "finished")
+        return AttemptOutcome(
+            rank=spec.rank, attempt=spec.attempt, status=status, error=error,
+            failed_at=box.get("failed_at"), return_value=box.get("return"), metrics=metrics,
+            last_step=step, last_step_time=step_time, checkpoint_saves=saves,
+            events=events)
+
+    def _context(self, spec: AttemptSpec) -> TrainContext:
+        device = torch.device("cuda", 0) if spec.use_gpu else torch.device("cpu")
+        return TrainContext(
+            world_rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+            local_world_size=spec.local_world_size, node_rank=spec.node_rank,
+            attempt=spec.attempt, device=device, run_name=spec.run_name, run_dir=spec.run_dir)
+
+    def _train_thread(self, spec: AttemptSpec, session: _Session, box: dict[str, Any]) -> None:
+        with self._interrupt_lock:
+            self._interruptible = True
+        try:
+            try:
+                self._init_distributed(spec)
+                _set_session(session)
+                box["return"] = self._call_user_fn()
+            finally:
+                self._close_interrupt_window()
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
+            self._close_interrupt_window()
+            box["failed_at"] = time.time()
+            box["error"] = describe(exc, spec.rank, spec.attempt)
+        finally:
+            _set_session(None)
+
+    def _close_interrupt_window(self) -> None:
+        """No interrupt may land after the user's code is done (it would hit our clean-up)."""
+        with self._interrupt_lock:
+            self._interruptible = False
+            cancel_async_raise(threading.get_ident())
+
+    def _release_process_groups(self) -> None:
+        if self._stale_groups:
+            teardown_process_groups()
+            self._aborter.reset()
+            self._stale_groups = False
+
+    def _call_user_fn(self) -> Any:
+        if inspect.signature(self._train_fn).parameters:
+            return self._train_fn(self._train_config if self._train_config is not None else {})
+        return self._train_fn()
+
+    def _init_distributed(self, spec: AttemptSpec) -> None:
+        os.environ.update({
+            "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size),
+            "LOCAL_RANK": str(spec.local_rank), "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "GROUP_RANK": str(spec.node_rank), "NODE_RANK": str(spec.node_rank),
+            "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port),
+        })
+        if spec.use_gpu:
+            torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPU
+        import datetime
+
+        self._aborter.snapshot_before_init(store_port=spec.master_port)
+        dist.init_process_group(
+            backend=spec.backend, init_method=spec.init_method, rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=datetime.timedelta(seconds=spec.process_group_timeout_s))
+        self._aborter.mark_initialized()
+
+    def _fault_hook(self, spec: AttemptSpec) -> Callable[[int], None] | None:
+        faults = [f for f in spec.faults if f.phase == "step"]
+        if not faults:
+            return None
+
+        def fire_due(step: int) -> None:
+            for fault in faults:
+                if fault.step == step and fault.id not in self._fired:
+                    self._fired.add(fault.id)
+                    self._record_fault(spec, fault, step)
+                    fire(fault)
+
+        return fire_due
+
+    def _record_fault(self, spec: AttemptSpec, fault: Any, step: int) -> None:
+        """Synchronously tells the supervisor before firing: a SIGKILL loses anything unsent."""
+        import ray
+
+        ray.get(self._supervisor.fault_fired.remote(
+            fault.id, {"rank": spec.rank, "attempt": spec.attempt, "t": time.time(),
+                       "step": step, "kind": fault.kind.value}), timeout=30)
+
+    def _ensure_checkpointer(self, spec: AttemptSpec) -> None:
+        if spec.checkpoint_spec is None or self._checkpointer is not None:
+            return
+        from ray_resilience.checkpoint import RankCheckpointer
+
+        self._checkpointer = RankCheckpointer(spec.checkpoint_spec, rank=spec.rank,
+                                              world_size=spec.world_size)
+
+    def shutdown(self) -> None:
+        """Releases what the rank holds; the actor is killed right after."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
+        self._release_process_groups()

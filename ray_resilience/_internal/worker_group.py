@@ -1,0 +1,139 @@
+"""The ranks' actors in one placement group: create, launch attempts, kill, replace, tear down."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ray_resilience.config import ScalingConfig
+from ray_resilience.errors import InsufficientResourcesError
+from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
+from ray_resilience._internal.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class WorkerGroup:
+    """Owns the placement group and one actor per rank (bundle i hosts rank i)."""
+
+    def __init__(self, scaling: ScalingConfig, train_fn: Callable, train_config: Any,
+                 supervisor: Any, env_vars: dict[str, str]) -> None:
+        self.scaling = scaling
+        self._train_fn, self._train_config = train_fn, train_config
+        self._supervisor, self._env_vars = supervisor, env_vars
+        self.pg = None
+        self.actors: list[Any] = []
+        self.info: list[dict[str, Any]] = []
+
+    @property
+    def world_size(self) -> int:
+        return self.scaling.num_workers
+
+    def start(self, placement_timeout_s: float) -> None:
+        self.pg = placement_group([self.scaling.bundle] * self.world_size,
+                                  strategy=self.scaling.placement_strategy)
+        self._wait_placement(placement_timeout_s)
+        self.actors = [self._new_actor(rank) for rank in range(self.world_size)]
+        self.info = ray.get([a.info.remote() for a in self.actors], timeout=120)
+
+    def _wait_placement(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready, _ = ray.wait([self.pg.ready()], timeout=min(SLOW_WAIT_WARNING_S, timeout_s))
+            if ready:
+                return
+            if time.monotonic() >= deadline:
+                remove_placement_group(self.pg)
+                self.pg = None
+                asked = {k: v * self.world_size for k, v in self.scaling.bundle.items()}
+                raise InsufficientResourcesError(
+                    "ResilienceConfig.placement_timeout_s", timeout_s, asked,
+                    ray.available_resources(),
+                    "The placement group for the ranks was not ready in time: free resources, "
+                    "add nodes or raise placement_timeout_s.")
+            log.warning("waiting for resources for %d ranks (%s each); available now: %s",
+                        self.world_size, self.scaling.bundle, ray.available_resources())
+
+    def _new_actor(self, rank: int) -> Any:
+        bundle = self.scaling.bundle
+        options: dict[str, Any] = {
+            "num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0),
+            "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+            "max_concurrency": WORKER_MAX_CONCURRENCY,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=rank),
+            "runtime_env": {"env_vars": self._env_vars},
+            "name": None,
+        }
+        return ray.remote(Worker).options(**options).remote(
+            self._train_fn, self._train_config, self._supervisor)
+
+    def layout(self) -> tuple[list[int], list[int], list[int]]:
+        """(local_rank, local_world_size, node_rank) per rank, from where each actor landed."""
+        node_order: list[str] = []
+        for item in self.info:
+            if item["node_id"] not in node_order:
+                node_order.append(item["node_id"])
+        local_rank, counts = [], {n: 0 for n in node_order}
+        for item in self.info:
+            local_rank.append(counts[item["node_id"]])
+            counts[item["node_id"]] += 1
+        local_size = [counts[item["node_id"]] for item in self.info]
+        node_rank = [node_order.index(item["node_id"]) for item in self.info]
+        return local_rank, local_size, node_rank
+
+    def master(self) -> tuple[str, int]:
+        """Address and a free port on rank 0's node for a new rendezvous."""
+        return self.info[0]["ip"], ray.get(self.actors[0].free_port.remote(), timeout=60)
+
+    def launch(self, specs: list[Any]) -> dict[Any, int]:
+        """Starts one attempt on every rank; returns {run future: rank}."""
+        return {self.actors[s.rank].run_attempt.remote(s): s.rank for s in specs}
+
+    def pids(self) -> list[int]:
+        return [item["pid"] for item in self.info]
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Asks ranks to release resources, then kills the actors and removes the group."""
+        if self.actors:
+            refs = [a.shutdown.remote() for a in self.actors]
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+    # --- respawn ------------------------------------------------------------------------------
+
+    def kill(self, rank: int) -> None:
+        """Kills one rank's actor (SIGKILL through Ray); its bundle is freed for a replacement."""
+        try:
+            ray.kill(self.actors[rank], no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+
+    def replace(self, ranks: list[int], timeout_s: float) -> None:
+        """New actors for `ranks` in their bundles; waits until they answer (capacity may return)."""
+        for rank in ranks:
+            self.actors[rank] = self._new_actor(rank)
+        refs = {self.actors[r].info.remote(): r for r in ranks}
+        deadline = time.monotonic() + timeout_s
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs),
+                                timeout=min(SLOW_WAIT_WARNING_S, max(deadline - time.monotonic(), 0.01)))
+            for ref in ready:
+                self.info[refs.pop(ref)] = ray.get(ref)
+            if refs and time.monotonic() >= deadline:
+                raise InsufficientResourcesError(
+                    "InJobConfig.replacement_timeout_s", timeout_s, self.scaling.bundle,
+                    ray.available_resources(),
+                    f"replacements for ranks {sorted(refs.values())} did not start in time.")
+            if refs:
+                log.warning("waiting for replacement ranks %s to start", sorted(refs.values()))

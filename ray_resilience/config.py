@@ -1,0 +1,156 @@
+"""User-facing configs: one keyword-only dataclass per component, validated on construction.
+
+Field names follow Ray Train's `ScalingConfig` / `RunConfig` so Ray users feel at home. Every
+invalid value raises `ConfigError` (a `ValueError`) naming the field, its value and the fix,
+before any actor starts. Counts are `num_*`, durations `*_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+from ray_resilience.errors import ConfigError
+
+_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _positive(field: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(field, value, f"must be {bound}.")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ScalingConfig:
+    """How many ranks and what each one gets. One rank per actor, one actor per bundle."""
+
+    num_workers: int = 1
+    """Number of ranks (world size)."""
+    use_gpu: bool = False
+    """One GPU per rank and the NCCL backend; otherwise CPU and gloo."""
+    resources_per_worker: dict[str, float] | None = None
+    """Ray resources per rank; default {"CPU": 1} (plus {"GPU": 1} with use_gpu)."""
+    placement_strategy: str = "PACK"
+    """Placement group strategy for the ranks' bundles."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise ConfigError("ScalingConfig.num_workers", self.num_workers,
+                              "must be an integer >= 1 (one rank per worker actor).")
+        if self.placement_strategy not in _PLACEMENT_STRATEGIES:
+            raise ConfigError("ScalingConfig.placement_strategy", self.placement_strategy,
+                              f"must be one of {_PLACEMENT_STRATEGIES}.")
+        for name, amount in (self.resources_per_worker or {}).items():
+            if not isinstance(amount, (int, float)) or amount < 0:
+                raise ConfigError(f"ScalingConfig.resources_per_worker[{name!r}]", amount,
+                                  "must be a number >= 0.")
+        gpus = (self.resources_per_worker or {}).get("GPU", 0)
+        if gpus and not self.use_gpu:
+            raise ConfigError("ScalingConfig.resources_per_worker['GPU']", gpus,
+                              "set use_gpu=True to give ranks GPUs (and the NCCL backend).")
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        """The placement-group bundle of one rank."""
+        bundle: dict[str, float] = {"CPU": 1.0}
+        if self.use_gpu:
+            bundle["GPU"] = 1.0
+        bundle.update({k: float(v) for k, v in (self.resources_per_worker or {}).items()})
+        return {k: v for k, v in bundle.items() if v > 0}
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.use_gpu else "gloo"
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunConfig:
+    """Where a run lives. The run folder is `<storage_path>/<name>`; the same name resumes."""
+
+    name: str = "ray_resilience_run"
+    """Run name. Resubmitting with the same name resumes from its last committed checkpoint."""
+    storage_path: str = dataclasses.field(
+        default_factory=lambda: os.path.expanduser("~/ray_results"))
+    """Local/FSx path or s3://bucket/prefix (add ?endpoint_override=host:port for S3-compatible)."""
+    storage_filesystem: Any = None
+    """Optional pyarrow.fs.FileSystem to use for storage_path (as in Ray Train)."""
+    verbose: bool = True
+    """Show live progress and a summary on the driver."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _RUN_NAME.match(self.name):
+            raise ConfigError("RunConfig.name", self.name,
+                              "use 1-128 characters from letters, digits, '.', '_' and '-', "
+                              "starting with a letter or digit (it becomes a folder name).")
+        if not isinstance(self.storage_path, str) or not self.storage_path:
+            raise ConfigError("RunConfig.storage_path", self.storage_path,
+                              "give a local/FSx directory or an s3://bucket/prefix URI.")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ResilienceConfig:
+    """How faults are detected and repaired. `ResilienceConfig.disabled()` fails on the first fault."""
+
+    in_process: Any = None
+    """InProcessConfig: restart the train function in the same processes (None: off)."""
+    in_job: Any = None
+    """InJobConfig: replace dead or stuck ranks' actors (None: off)."""
+    checkpoint: Any = None
+    """CheckpointConfig: async checkpoints through writer actors (None: no checkpoints)."""
+    fault_plan: Any = None
+    """FaultPlan: faults to inject (tests and benchmarks)."""
+    first_step_timeout_s: float = 600.0
+    """Longest silence allowed before the first step of an attempt (model build, checkpoint load)."""
+    step_timeout_s: float = 120.0
+    """Longest silence allowed between two steps once training runs."""
+    progress_interval_s: float = 0.25
+    """How often each rank's side thread forwards progress to the supervisor."""
+    monitor_interval_s: float = 0.05
+    """How often the supervisor wakes to check heartbeats when nothing else happens."""
+    process_group_timeout_s: float = 1800.0
+    """torch.distributed timeout: the backstop when nothing else unblocks a collective."""
+    placement_timeout_s: float = 120.0
+    """How long to wait for the placement group before failing with the resources missing."""
+
+    def __post_init__(self) -> None:
+        for name in ("first_step_timeout_s", "step_timeout_s", "progress_interval_s",
+                     "monitor_interval_s", "process_group_timeout_s", "placement_timeout_s"):
+            _positive(f"ResilienceConfig.{name}", getattr(self, name))
+        if self.progress_interval_s >= self.step_timeout_s:
+            raise ConfigError(
+                "ResilienceConfig.progress_interval_s", self.progress_interval_s,
+                f"must be shorter than step_timeout_s={self.step_timeout_s}, otherwise every "
+                "rank looks hung between two progress reports.")
+        if self.step_timeout_s > self.first_step_timeout_s:
+            raise ConfigError(
+                "ResilienceConfig.step_timeout_s", self.step_timeout_s,
+                f"must be <= first_step_timeout_s={self.first_step_timeout_s}: the first step "
+                "of an attempt includes model build and checkpoint load.")
+        if self.process_group_timeout_s <= self.step_timeout_s:
+            raise ConfigError(
+                "ResilienceConfig.process_group_timeout_s", self.process_group_timeout_s,
+                f"must be longer than step_timeout_s={self.step_timeout_s}: the supervisor "
+                "must see a hang before torch.distributed times out.")
+
+    @classmethod
+    def disabled(cls, **kwargs: Any) -> ResilienceConfig:
+        """No restarts: the first fault fails the run."""
+        return cls(in_process=None, in_job=None, **kwargs)
+
+    @classmethod
+    def default(cls, *, checkpoint_interval: int = 0, fault_plan: Any = None,
+                **kwargs: Any) -> ResilienceConfig:
+        """Every rung on: in-process restart, respawn of failed ranks, async checkpoints."""
+        from ray_resilience.recovery import InJobConfig, InProcessConfig
+
+        kwargs.setdefault("in_process", InProcessConfig())
+        kwargs.setdefault("in_job", InJobConfig())
+        if checkpoint_interval:
+            from ray_resilience.checkpoint import CheckpointConfig
+
+            kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))
+        return cls(fault_plan=fault_plan, **kwargs)

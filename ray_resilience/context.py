@@ -1,0 +1,139 @@
+"""What the train function sees: `get_context()`, `report()` and `load_checkpoint()`.
+
+These are the only calls a training loop needs. `report` is cheap: it appends to an in-process
+queue and returns; a side thread forwards progress to the supervisor at a fixed interval, so
+the training thread never waits on an RPC per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainContext:
+    """Where this rank stands. Frozen: a new attempt gets a new context."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    attempt: int
+    """Restart attempt: 0 for the first run, +1 for each in-process restart or respawn."""
+    device: torch.device
+    run_name: str
+    run_dir: str
+    """The run's folder (`<storage_path>/<name>`), a local path or URI."""
+
+    def get_world_rank(self) -> int:  # Ray Train spelling
+        return self.world_rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+
+@dataclasses.dataclass
+class CheckpointState:
+    """What to save with a step: the (FSDP2-sharded) model and optimizer plus extra state.
+
+    `extra` holds JSON-safe values and tensors (data position, RNG states, ...). Building this
+    object is free; the library only snapshots it on checkpoint steps.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class _Session:
+    """Per-attempt state of the rank, installed by the worker before the train function runs."""
+
+    def __init__(self, context: TrainContext, checkpointer: Any = None, faults: Any = None) -> None:
+        self.context = context
+        self.checkpointer = checkpointer
+        self.faults = faults  # callable(step) firing injected faults due at that step
+        self.lock = threading.Lock()
+        self.pending: list[dict[str, Any]] = []
+        self.step: int | None = None
+        self.step_time: float | None = None
+        self.checkpoint_blocking_s: list[tuple[int, float]] = []
+        self.events: list[dict[str, Any]] = []
+
+    def drain(self) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
+        """Takes what was recorded since the last call: (metrics, step, step time, saves, events)."""
+        with self.lock:
+            pending, self.pending = self.pending, []
+            saves, self.checkpoint_blocking_s = self.checkpoint_blocking_s, []
+            events, self.events = self.events, []
+            return pending, self.step, self.step_time, saves, events
+
+
+_session: _Session | None = None
+
+
+def _set_session(session: _Session | None) -> None:
+    global _session
+    _session = session
+
+
+def _require_session(what: str) -> _Session:
+    if _session is None:
+        raise RuntimeError(
+            f"ray_resilience.{what}() was called outside a training function; call it from the "
+            "train_loop_per_worker passed to ResilientTrainer.")
+    return _session
+
+
+def get_context() -> TrainContext:
+    """This rank's context (rank, world size, device, restart attempt)."""
+    return _require_session("get_context").context
+
+
+def report(metrics: dict[str, Any], *, step: int, checkpoint: CheckpointState | None = None) -> None:
+    """Records that `step` completed with `metrics`; saves a checkpoint on checkpoint steps.
+
+    Call once per step, after the optimizer step. Returns after a queue append (and, on
+    checkpoint steps, after the shard is copied off the live tensors).
+    """
+    session = _require_session("report")
+    now = time.time()
+    record = {**metrics, "step": int(step), "rank": session.context.world_rank, "time": now}
+    if checkpoint is not None and session.checkpointer is not None:
+        blocked = session.checkpointer.maybe_save(
+            int(step), model=checkpoint.model, optimizer=checkpoint.optimizer,
+            extra=checkpoint.extra)
+        if blocked is not None:
+            with session.lock:
+                session.checkpoint_blocking_s.append((int(step), blocked))
+    with session.lock:
+        session.pending.append(record)
+        session.step, session.step_time = int(step), now
+    if session.faults is not None:
+        session.faults(int(step))
+
+
+def load_checkpoint(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
+    """Restores the newest committed checkpoint into freshly built objects.
+
+    Returns a `LoadedCheckpoint` (`.step` to resume after, `.extra`, `.tier`) or None when the
+    run has no checkpoint yet (or checkpointing is off). Call on every rank.
+    """
+    session = _require_session("load_checkpoint")
+    if session.checkpointer is None:
+        return None
+    t0 = time.time()
+    loaded = session.checkpointer.load(model=model, optimizer=optimizer)
+    with session.lock:
+        session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
+                               "tier": getattr(loaded, "tier", None),
+                               "step": getattr(loaded, "step", None)})
+    return loaded

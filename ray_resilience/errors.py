@@ -1,0 +1,136 @@
+"""Typed errors. Every message says what happened, the likely cause, and the setting to change.
+
+All errors derive from `ResilienceError`. Configuration errors also derive from `ValueError`, so
+code written against Ray Train's config validation keeps working. Errors are plain picklable
+objects (they cross actor boundaries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ResilienceError(Exception):
+    """Base class of every error raised by ray_resilience."""
+
+
+class ConfigError(ResilienceError, ValueError):
+    """A setting has an invalid value. Raised before any actor starts."""
+
+    def __init__(self, field: str, value: object, fix: str) -> None:
+        self.field, self.value, self.fix = field, value, fix
+        super().__init__(f"{field}={value!r} is invalid: {fix}")
+
+    def __reduce__(self):
+        return (type(self), (self.field, self.value, self.fix))
+
+
+class InsufficientResourcesError(ConfigError):
+    """The cluster can never host the requested workers (asked vs available)."""
+
+    def __init__(self, field: str, value: object, asked: dict, available: dict, fix: str) -> None:
+        self.asked, self.available = asked, available
+        ConfigError.__init__(self, field, value, f"asked for {asked}, the cluster has {available}. {fix}")
+        self.args = (str(self),)
+
+    def __reduce__(self):
+        return (_rebuild_resources_error, (self.field, self.value, self.asked, self.available, self.fix))
+
+
+def _rebuild_resources_error(field, value, asked, available, fix):  # pragma: no cover - pickling
+    err = InsufficientResourcesError.__new__(InsufficientResourcesError)
+    err.field, err.value, err.fix, err.asked, err.available = field, value, fix, asked, available
+    err.args = (f"{field}={value!r} is invalid: asked for {asked}, the cluster has {available}. {fix}",)
+    return err
+
+
+class WorkerError(ResilienceError):
+    """The user's train function raised on one or more ranks.
+
+    `cause` is the original exception (same type, unpickled on the driver) when it could be
+    pickled, else None; `exc_type` and `traceback` are always set. `ranks` lists every rank that
+    raised the same error (type and message) in the same attempt.
+    """
+
+    def __init__(
+        self, *, ranks: Sequence[int], attempt: int, exc_type: str, message: str,
+        traceback: str, cause: BaseException | None = None,
+    ) -> None:
+        self.ranks, self.attempt = list(ranks), attempt
+        self.exc_type, self.message, self.traceback, self.cause = exc_type, message, traceback, cause
+        who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {self.ranks}"
+        super().__init__(
+            f"{who} (attempt {attempt}) raised {exc_type}: {message}\n"
+            f"Traceback from {who}:\n{traceback.rstrip()}"
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[0]
+
+    def __reduce__(self):
+        return (_rebuild_worker_error, (self.ranks, self.attempt, self.exc_type, self.message,
+                                        self.traceback, self.cause))
+
+    def same_failure(self, other: WorkerError) -> bool:
+        return (self.exc_type, self.message) == (other.exc_type, other.message)
+
+
+def _rebuild_worker_error(ranks, attempt, exc_type, message, traceback, cause):
+    return WorkerError(ranks=ranks, attempt=attempt, exc_type=exc_type, message=message,
+                       traceback=traceback, cause=cause)
+
+
+class WorkerDiedError(ResilienceError):
+    """A rank's actor process died (SIGKILL, OOM killer, segfault, lost node)."""
+
+    def __init__(self, ranks: Sequence[int], attempt: int, detail: str) -> None:
+        self.ranks, self.attempt, self.detail = list(ranks), attempt, detail
+        super().__init__(f"rank(s) {self.ranks} died in attempt {attempt}: {detail}")
+
+    def __reduce__(self):
+        return (type(self), (self.ranks, self.attempt, self.detail))
+
+
+class HangError(ResilienceError):
+    """Ranks stopped making progress for longer than the heartbeat timeout."""
+
+    def __init__(self, ranks: Sequence[int], attempt: int, silent_s: float, setting: str,
+                 timeout_s: float) -> None:
+        self.ranks, self.attempt, self.silent_s = list(ranks), attempt, silent_s
+        self.setting, self.timeout_s = setting, timeout_s
+        super().__init__(
+            f"ranks {self.ranks} made no progress for {silent_s:.1f} s in attempt {attempt} "
+            f"({setting}={timeout_s}). Likely a rank hung in a collective or in user code; if "
+            f"the phase is legitimately slow (first compile, checkpoint load), raise {setting}."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.ranks, self.attempt, self.silent_s, self.setting, self.timeout_s))
+
+
+class RestartLimitError(ResilienceError):
+    """Recovery gave up: a restart limit was reached or restarts made no progress."""
+
+    def __init__(self, *, setting: str, limit: int, causes: Sequence[str], ranks: Sequence[int],
+                 last_error: BaseException | None = None) -> None:
+        self.setting, self.limit = setting, limit
+        self.causes, self.ranks, self.last_error = list(causes), sorted(set(ranks)), last_error
+        super().__init__(
+            f"gave up after {len(self.causes)} restarts ({setting}={limit}); ranks involved: "
+            f"{self.ranks}; causes in order: {self.causes}. Raise {setting} if the faults are "
+            f"transient, otherwise fix the failing rank. Last error: {last_error}"
+        )
+
+    def __reduce__(self):
+        return (_rebuild_restart_error, (self.setting, self.limit, self.causes, self.ranks,
+                                         self.last_error))
+
+
+def _rebuild_restart_error(setting, limit, causes, ranks, last_error):
+    return RestartLimitError(setting=setting, limit=limit, causes=causes, ranks=ranks,
+                             last_error=last_error)
+
+
+class RunAbortedError(ResilienceError):
+    """The run was stopped from the driver (Ctrl-C or `ResilientTrainer.abort`)."""

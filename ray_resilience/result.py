@@ -1,0 +1,56 @@
+"""What `ResilientTrainer.fit()` returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(kw_only=True)
+class Result:
+    """The outcome of a run. `error` is None on success.
+
+    On failure `error` is a `ResilienceError`; when the train function raised it is a
+    `WorkerError` with the rank(s), the original exception type, message and traceback, and the
+    original exception itself as `error.cause`.
+    """
+
+    metrics: dict[str, Any]
+    """The last metrics rank 0 reported."""
+    metrics_history: list[dict[str, Any]]
+    """Every dict passed to `report`, with `step`, `rank` and `attempt`, in (attempt, step, rank) order."""
+    path: str
+    """The run's folder: `<storage_path>/<name>`."""
+    error: BaseException | None = None
+    state: str = "finished"
+    attempts: int = 1
+    faults: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Every fault detected, in order: cause, ranks, attempt, detection time, error text."""
+    return_values: list[Any] = dataclasses.field(default_factory=list)
+    """What the train function returned on each rank (None where it did not return)."""
+    worker_pids: list[int] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+    goodput: Any = None
+    """GoodputReport of the run (training/infra goodput, per-fault recovery), when computed."""
+    checkpoint: Any = None
+    """The newest committed checkpoint (step and path), when checkpointing is on."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def raise_for_error(self) -> Result:
+        """Raises `error` if the run failed; returns self otherwise (for chaining)."""
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-safe summary (what `results.json` holds)."""
+        return {
+            "state": self.state, "ok": self.ok, "error": None if self.ok else str(self.error),
+            "error_type": None if self.ok else type(self.error).__name__,
+            "metrics": self.metrics, "attempts": self.attempts, "faults": self.faults,
+            "worker_pids": self.worker_pids, "wall_s": self.wall_s, "path": self.path,
+            "num_reports": len(self.metrics_history),
+        }

@@ -1,0 +1,123 @@
+"""`ResilientTrainer`: the Python entry point, shaped like Ray Train's `TorchTrainer`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from typing import Any, Callable
+
+import ray
+
+from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
+from ray_resilience.errors import ConfigError, RunAbortedError
+from ray_resilience.result import Result
+from ray_resilience._internal import storage
+from ray_resilience._internal.constants import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S, SUPERVISOR_MAX_CONCURRENCY, SUPERVISOR_NAME_PREFIX, forwarded_env)
+from ray_resilience._internal.display import ProgressDisplay
+from ray_resilience._internal.resources import check_cluster_can_host
+from ray_resilience._internal.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+
+class ResilientTrainer:
+    """Runs `train_loop_per_worker` on `scaling_config.num_workers` ranks and keeps it running.
+
+    The train function takes no argument or one (`train_loop_config`). Inside it, use
+    `ray_resilience.get_context()`, `report()` and `load_checkpoint()`.
+    """
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: dict[str, Any] | None = None,
+                 scaling_config: ScalingConfig | None = None,
+                 run_config: RunConfig | None = None,
+                 resilience: ResilienceConfig | None = None) -> None:
+        if not callable(train_loop_per_worker):
+            raise ConfigError("train_loop_per_worker", train_loop_per_worker,
+                              "pass the function each rank runs.")
+        self._fn, self._config = train_loop_per_worker, train_loop_config
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.resilience = resilience or ResilienceConfig()
+        self._validate_plan()
+
+    def _validate_plan(self) -> None:
+        plan = self.resilience.fault_plan
+        if plan is not None and hasattr(plan, "validate_for"):
+            plan.validate_for(world_size=self.scaling_config.num_workers, max_steps=2**62)
+
+    def fit(self) -> Result:
+        """Runs to completion (or failure) and returns the `Result`. Starts Ray if needed."""
+        if not ray.is_initialized():
+            ray.init()
+        check_cluster_can_host(self.scaling_config)
+        fs, base = storage.resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
+        run_path = posixpath.join(base, self.run_config.name)
+        storage.check_writable(fs, run_path, field="RunConfig.storage_path",
+                               value=self.run_config.storage_path)
+        run_dir = storage.run_dir_uri(self.run_config.storage_path, self.run_config.name)
+        supervisor = self._start_supervisor(run_dir)
+        payload = self._wait(supervisor)
+        result = Result(
+            metrics=payload["metrics"], metrics_history=payload["metrics_history"],
+            path=run_dir, error=payload["error"], state=payload["state"],
+            attempts=payload["attempts"], faults=payload["faults"],
+            return_values=payload["return_values"], worker_pids=payload["worker_pids"],
+            wall_s=payload["wall_s"], goodput=payload.get("goodput"),
+            checkpoint=payload.get("checkpoint"))
+        storage.write_json(fs, posixpath.join(run_path, "results.json"), result.summary())
+        if self.run_config.verbose:
+            ProgressDisplay(self.run_config.name).summary(result)
+        return result
+
+    def _start_supervisor(self, run_dir: str) -> Any:
+        env = forwarded_env()
+        name = SUPERVISOR_NAME_PREFIX + self.run_config.name
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            pass
+        else:
+            raise ConfigError("RunConfig.name", self.run_config.name,
+                              "a run with this name is already running in this Ray namespace; "
+                              "wait for it, or choose another name.")
+        return ray.remote(Supervisor).options(
+            num_cpus=0, max_concurrency=SUPERVISOR_MAX_CONCURRENCY, name=name,
+            runtime_env={"env_vars": env} if env else None,
+        ).remote(
+            train_fn=self._fn, train_config=self._config, scaling=self.scaling_config,
+            resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
+            env_vars=env)
+
+    def _wait(self, supervisor: Any) -> dict[str, Any]:
+        run_ref = supervisor.run.remote()
+        try:
+            with ProgressDisplay(self.run_config.name, enabled=self.run_config.verbose) as display:
+                while not ray.wait([run_ref], timeout=0.5)[0]:
+                    try:
+                        display.update(ray.get(supervisor.status.remote(), timeout=5))
+                    except ray.exceptions.GetTimeoutError:
+                        pass
+            return ray.get(run_ref)
+        except KeyboardInterrupt:
+            log.warning("interrupted: stopping run %s", self.run_config.name)
+            supervisor.abort.remote()
+            try:
+                ray.get(run_ref, timeout=DEFAULT_SHUTDOWN_TIMEOUT_S * 2)
+            except Exception:  # noqa: BLE001 - we are leaving anyway
+                pass
+            raise
+        except ray.exceptions.RayActorError as exc:
+            return _lost_supervisor(exc)
+        finally:
+            ray.kill(supervisor, no_restart=True)
+
+
+def _lost_supervisor(exc: BaseException) -> dict[str, Any]:
+    err = RunAbortedError(f"the supervisor actor died: {exc}")
+    return {"metrics": {}, "metrics_history": [], "error": err, "state": "failed",
+            "attempts": 0, "faults": [], "return_values": [], "worker_pids": [], "wall_s": 0.0}
+
+
