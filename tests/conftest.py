@@ -14,7 +14,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 # Plug-in fixture modules (each owns its own server or cluster).
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["tests.s3_server"]
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,127 @@
+"""Collectives that keep the ranks' checkpoint decisions identical.
+
+Called on the training thread, on every rank at the same points (`load`, and each save step).
+They run on the default process group when it is gloo, otherwise on a CPU (gloo) group created
+once per default group, so a decision never needs a device synchronization. Without
+torch.distributed (a single rank), they are local.
+
+Why collectives: whether a save is staged, replaces the pending one or is skipped depends on
+each rank's writer progress. Ranks deciding alone could keep different steps, and then no step
+would ever have all its shards. One tiny all-reduce per save step makes the decision global.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_UNSET = object()
+
+
+class Agreement:
+    """Agreement among the `world_size` ranks of the current process group."""
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank, self.world_size, self._timeout_s = rank, world_size, timeout_s
+        self._group: Any = _UNSET
+        self._group_owner: Any = None
+
+    def _distributed(self) -> bool:
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+                raise RuntimeError(
+                    f"checkpointer built for rank {self.rank}/{self.world_size} runs in a process "
+                    f"group of rank {dist.get_rank()}/{dist.get_world_size()}; build a new "
+                    "RankCheckpointer after the world changes")
+            return True
+        if self.world_size > 1:
+            raise RuntimeError(f"checkpointing with world_size={self.world_size} needs an "
+                               "initialized torch.distributed process group")
+        return False
+
+    def group(self) -> Any:
+        """The CPU group for checkpoint collectives (rebuilt when the default group changes)."""
+        default = dist.distributed_c10d._get_default_group()
+        if self._group is not _UNSET and self._group_owner is default:
+            return self._group
+        backend = str(dist.get_backend(default))
+        if backend == "gloo" or "cpu:gloo" in backend:  # CPU tensors already go to gloo
+            self._group = None
+        else:
+            timeout = datetime.timedelta(seconds=self._timeout_s)
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
+        self._group_owner = default
+        return self._group
+
+    def sum(self, values: list[int]) -> list[int]:
+        """Element-wise sum over ranks."""
+        if not self._distributed():
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group())
+        return [int(v) for v in tensor.tolist()]
+
+    def all_true(self, flag: bool) -> bool:
+        return self.sum([0 if flag else 1])[0] == 0
+
+    def gather(self, obj: Any) -> list[Any]:
+        """`obj` from every rank, in rank order (our own picklable plan keys only)."""
+        if not self._distributed():
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group())
+        return out
+
+    def new_session(self, begin: Callable[[str], None]) -> str:
+        """A fresh random session id, the same on every rank; rank 0 registers it via `begin`
+        before any other rank can use it."""
+        token = secrets.token_hex(8) if self.rank == 0 else ""
+        if self.rank == 0:
+            begin(token)
+        if not self._distributed():
+            return token
+        box = [token]
+        dist.broadcast_object_list(box, src=0, group=self.group())
+        return str(box[0])
+
+
+def assign_owners(keys_by_rank: list[list[tuple[str, int]]]) -> list[list[bool]]:
+    """Which rank writes each item: items held by one rank stay with it; an item held by several
+    ranks (replicated state) goes to the holder with the fewest bytes assigned so far (ties: the
+    lowest rank). Deterministic, so every rank computes the same answer from the same input."""
+    holders: dict[str, list[int]] = {}
+    sizes: dict[str, int] = {}
+    for rank, keys in enumerate(keys_by_rank):
+        for key, nbytes in keys:
+            holders.setdefault(key, []).append(rank)
+            sizes[key] = nbytes
+    load = [0] * len(keys_by_rank)
+    owner: dict[str, int] = {}
+    for key in sorted(holders, key=lambda k: (len(holders[k]) > 1, -sizes[k], k)):
+        chosen = min(holders[key], key=lambda r: (load[r], r))
+        owner[key] = chosen
+        load[chosen] += sizes[key]
+    return [[owner[key] == rank for key, _ in keys] for rank, keys in enumerate(keys_by_rank)]
+
+
+def admit(policy: str, *, pending_ranks: int, busy_ranks: int, world_size: int) -> str:
+    """What every rank does with a new save, from the summed flags of all ranks:
+    "stage" (becomes the pending snapshot), "replace" (replaces the pending one) or "skip".
+
+    `coalesce` replaces only when every rank still has the previous snapshot pending: if some
+    rank already started writing it, the others must write it too, so the new save is skipped.
+    `skip` stages only when no rank has anything pending or being written. `block` callers have
+    already waited until their rank was idle.
+    """
+    if policy == "coalesce":
+        if pending_ranks == 0:
+            return "stage"
+        return "replace" if pending_ranks == world_size else "skip"
+    if policy == "skip":
+        return "skip" if busy_ranks else "stage"
+    return "stage"

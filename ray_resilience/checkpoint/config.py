@@ -1,0 +1,76 @@
+"""`CheckpointConfig`: how often to save, what to do with saves in flight, what to keep."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from ray_resilience.errors import ConfigError
+
+InFlightPolicy = Literal["coalesce", "skip", "block"]
+IN_FLIGHT_POLICIES: tuple[str, ...] = ("coalesce", "skip", "block")
+
+
+@dataclasses.dataclass(kw_only=True)
+class CheckpointConfig:
+    """Async checkpoints through node-local writer actors. Validated on construction.
+
+    In-flight policies, applied when a save arrives while an older one of the same rank is not
+    yet durable (each rank holds at most one pending snapshot plus one being written):
+    `coalesce` keeps only the newest pending snapshot and never blocks training; `skip` drops the
+    new save; `block` waits until the previous save is durable (the NVRx behaviour).
+    """
+
+    interval_steps: int = 0
+    """Save when `step % interval_steps == 0` (0: no periodic saves)."""
+    in_flight_policy: InFlightPolicy = "coalesce"
+    """"coalesce" | "skip" | "block" (see the class docstring)."""
+    num_to_keep: int = 2
+    """Newest committed checkpoints kept in storage (at least 2, so one always survives a crash)."""
+    memory_tier: bool = True
+    """Keep the newest committed checkpoint in writer memory so restarts skip reading storage."""
+    memory_budget_bytes: int | None = None
+    """Per-node cap on the memory tier (None: only Ray's object store limit applies)."""
+    writers_per_node: int = 1
+    """Writer actors per node hosting ranks; ranks on a node are spread across them."""
+    num_storage_retries: int = 3
+    """Retries of a failed storage write (S3 outage, network) before the save is given up."""
+    storage_retry_backoff_s: float = 1.0
+    """Wait before the first retry; doubles with every further retry."""
+    write_timeout_s: float = 1800.0
+    """Longest a rank waits for its writer to report a shard durable before giving the save up."""
+    collective_timeout_s: float = 600.0
+    """Timeout of the CPU (gloo) group used for checkpoint agreement when the backend is not gloo."""
+    warn_interval_s: float = 30.0
+    """Every wait logs what it is still waiting for at this period."""
+
+    def __post_init__(self) -> None:
+        self._check_int("interval_steps", minimum=0, fix="use 0 to turn periodic saves off.")
+        if self.in_flight_policy not in IN_FLIGHT_POLICIES:
+            raise ConfigError("CheckpointConfig.in_flight_policy", self.in_flight_policy,
+                              f"must be one of {IN_FLIGHT_POLICIES}; 'coalesce' never blocks training.")
+        self._check_int("num_to_keep", minimum=2,
+                        fix="keep at least 2 so a crash while writing leaves one loadable checkpoint.")
+        self._check_int("writers_per_node", minimum=1, fix="use at least 1 writer per node.")
+        self._check_int("num_storage_retries", minimum=0, fix="use 0 to never retry.")
+        if self.memory_budget_bytes is not None:
+            self._check_int("memory_budget_bytes", minimum=0,
+                            fix="give a byte count, or None for no cap (memory_tier=False turns it off).")
+        for name in ("storage_retry_backoff_s", "write_timeout_s", "collective_timeout_s",
+                     "warn_interval_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"CheckpointConfig.{name}", value, "must be a number of seconds > 0.")
+        if self.warn_interval_s >= self.write_timeout_s:
+            raise ConfigError("CheckpointConfig.warn_interval_s", self.warn_interval_s,
+                              f"must be shorter than write_timeout_s={self.write_timeout_s}, "
+                              "otherwise a stuck write is given up before anyone is warned.")
+
+    def _check_int(self, name: str, *, minimum: int, fix: str) -> None:
+        value = getattr(self, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ConfigError(f"CheckpointConfig.{name}", value, f"must be an integer >= {minimum}; {fix}")
+
+    def is_save_step(self, step: int) -> bool:
+        """True when `maybe_save` saves at `step`."""
+        return self.interval_steps > 0 and step % self.interval_steps == 0

@@ -1,0 +1,164 @@
+"""`CommitCoordinator`: one actor per run that commits steps and manages the writer pool.
+
+Created by `CheckpointService.start` (threaded actor, `num_cpus=0`). Writers report each durable
+shard; when every rank of a step's session has reported, the coordinator writes the DCP
+`.metadata` and the commit manifest, tells the writers (memory tier), prunes old checkpoints and
+leftovers. A new session (`begin_session`, at every attempt's load or first save) makes shards of
+older sessions uncommittable, so two attempts never mix.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+from ray_resilience.checkpoint import commit, layout
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata
+from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
+from ray_resilience.checkpoint.types import ShardReport
+from ray_resilience.checkpoint.writer_pool import WriterPool
+
+logger = logging.getLogger(__name__)
+
+
+class CommitCoordinator:
+    """Commits steps. Plain class; `CheckpointService` wraps it with `ray.remote`."""
+
+    def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig) -> None:
+        self.storage, self.config = storage, config
+        self._lock = threading.RLock()
+        self._commit_lock = threading.Lock()
+        self._session: str | None = None
+        self._world_size: int | None = None
+        self._reports: dict[tuple[str, int], dict[int, ShardReport]] = {}
+        self._failed: dict[tuple[str, int], dict[int, str]] = {}
+        self._committed = commit.committed_steps(storage)
+        self._holders: dict[layout.StepDir, dict[int, str]] = {}
+        self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
+        self._counts = collections.Counter()
+        self._pool = WriterPool(storage=storage, config=config,
+                                coordinator=ray.get_runtime_context().current_actor)
+        self._prune()
+
+    # --- writers ----------------------------------------------------------------------------
+
+    def ensure_writers(self, node_ids_by_rank: list[str]) -> list[tuple[Any, str]]:
+        """(writer handle, writer id) per rank; dead writers replaced, new nodes served."""
+        return self._pool.ensure(node_ids_by_rank)
+
+    def replace_writer(self, rank: int, dead_writer_id: str) -> tuple[Any, str]:
+        return self._pool.replace(rank, dead_writer_id)
+
+    # --- sessions and commits ---------------------------------------------------------------
+
+    def begin_session(self, session: str, world_size: int) -> None:
+        """A new attempt starts: later reports of older sessions are ignored."""
+        layout.check_session(session)
+        with self._lock:
+            self._session, self._world_size = session, world_size
+            self._reports = {k: v for k, v in self._reports.items() if k[0] == session}
+
+    def shard_durable(self, report: ShardReport) -> None:
+        key = (report.session, report.step)
+        with self._lock:
+            if report.session != self._session:
+                self._counts["stale_reports"] += 1
+                return
+            shards = self._reports.setdefault(key, {})
+            shards[report.rank] = report
+            if len(shards) < report.world_size:
+                return
+            del self._reports[key]
+        self._commit(layout.StepDir(report.step, report.session), shards)
+
+    def shard_failed(self, session: str, step: int, rank: int, error: str) -> None:
+        with self._lock:
+            self._failed.setdefault((session, step), {})[rank] = error
+            self._counts["failed_shards"] += 1
+            while len(self._failed) > 100:
+                self._failed.pop(next(iter(self._failed)))
+
+    def _commit(self, step_dir: layout.StepDir, shards: dict[int, ShardReport]) -> None:
+        with self._commit_lock:
+            with self._lock:
+                newest = self._committed[0] if self._committed else None
+                current = self._session
+            if step_dir.session != current or (newest is not None and newest.step >= step_dir.step
+                                               and newest.session == current):
+                return  # a new attempt began, or an older step finished after a newer commit
+            ordered = [shards[r] for r in sorted(shards)]
+            metadata = dumps_metadata(build_metadata(
+                [(r.written_items, r.storage_infos) for r in ordered],
+                planner_data=ordered[0].planner_data, checkpoint_id=self.storage.display(step_dir.name),
+                save_id=step_dir.name))
+            files = {name: digest for r in ordered for name, digest in r.files.items()}
+            try:
+                retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
+                                                    metadata=metadata, files=files),
+                         what=f"committing step {step_dir.step}",
+                         num_retries=self.config.num_storage_retries,
+                         backoff_s=self.config.storage_retry_backoff_s)
+            except Exception as exc:  # noqa: BLE001 - the step stays uncommitted; training goes on
+                logger.warning("checkpoint step %d was not committed: %s", step_dir.step, exc)
+                self._counts["commit_failures"] += 1
+                return
+            self._on_committed(step_dir, ordered)
+
+    def _on_committed(self, step_dir: layout.StepDir, shards: list[ShardReport]) -> None:
+        now = time.time()
+        with self._lock:
+            self._committed.insert(0, step_dir)
+            self._holders[step_dir] = {r.rank: r.writer_id for r in shards}
+            self._latencies.append(now - min(r.staged_at for r in shards))
+            self._counts["committed"] += 1
+        logger.info("checkpoint step %d committed (%s)", step_dir.step, self.storage.display(step_dir.name))
+        self._pool.broadcast_commit(step_dir.session, step_dir.step)
+        self._prune()
+
+    def _prune(self) -> None:
+        try:
+            with self._lock:
+                newest = self._committed[0] if self._committed else None
+                session = self._session
+            commit.prune(self.storage, num_to_keep=self.config.num_to_keep, keep_session=session,
+                         newest_committed=newest)
+            with self._lock:
+                self._committed = commit.committed_steps(self.storage)
+                self._holders = {d: h for d, h in self._holders.items() if d in self._committed}
+        except Exception as exc:  # noqa: BLE001 - cleanup is retried after the next commit
+            logger.warning("checkpoint cleanup under %s failed (retried later): %s",
+                           self.storage.display(), exc)
+
+    # --- queries ----------------------------------------------------------------------------
+
+    def load_info(self, rank: int) -> tuple[list[layout.StepDir], dict[layout.StepDir, Any]]:
+        """Committed steps newest first, and for each the writer that may hold `rank`'s shard."""
+        with self._lock:
+            committed = list(self._committed)
+            holders = {d: self._pool.handle(h.get(rank)) for d, h in self._holders.items()}
+        return committed, {d: w for d, w in holders.items() if w is not None}
+
+    def latest_committed_step(self) -> int | None:
+        with self._lock:
+            return self._committed[0].step if self._committed else None
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            pending = {f"{s}:{step}": sorted(r) for (s, step), r in self._reports.items()}
+            return {
+                "session": self._session, "world_size": self._world_size,
+                "committed_steps": [d.step for d in self._committed],
+                "pending_steps": pending, "counts": dict(self._counts),
+                "commit_latency_s": list(self._latencies),
+                "failed_shards": {f"{s}:{st}": e for (s, st), e in self._failed.items()},
+                "writers": self._pool.stats(),
+            }
+
+    def shutdown(self) -> None:
+        self._pool.shutdown()

@@ -1,0 +1,137 @@
+"""Safe encoding of a rank's `extra` state: JSON-safe values and plain tensors, never pickle.
+
+Layout: 8-byte magic, 8-byte little-endian header length, a UTF-8 JSON header, raw tensor bytes.
+Containers are tagged so decoding is unambiguous: {"L": [...]} list, {"T": [...]} tuple,
+{"D": {...}} dict (str keys), {"X": i} the i-th tensor; scalars (None, bool, int, float, str)
+stay bare. Decoding builds only those types and tensors of an allow-listed dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any
+
+import torch
+
+from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointStateError
+
+MAGIC = b"RRXTRA1\n"
+_HEADER = struct.Struct("<Q")
+_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name) for name in (
+        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+        "bool", "complex64", "complex128")
+}
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def encode_extra(extra: dict[str, Any]) -> bytes:
+    """Serializes `extra`; raises CheckpointStateError (a TypeError) naming the offending key."""
+    if not isinstance(extra, dict):
+        raise CheckpointStateError("<extra>", f"must be a dict, got {type(extra).__name__}")
+    tensors: list[torch.Tensor] = []
+    values = _encode_dict(extra, "", tensors)
+    blobs, table, offset = [], [], 0
+    for tensor in tensors:
+        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        table.append({"dtype": str(tensor.dtype).removeprefix("torch."),
+                      "shape": list(tensor.shape), "offset": offset, "nbytes": len(raw)})
+        blobs.append(raw)
+        offset += len(raw)
+    header = json.dumps({"values": values, "tensors": table}, allow_nan=True).encode()
+    return b"".join([MAGIC, _HEADER.pack(len(header)), header, *blobs])
+
+
+def _encode_dict(value: dict, path: str, tensors: list[torch.Tensor]) -> dict:
+    out = {}
+    for key, item in value.items():
+        where = f"{path}.{key}" if path else str(key)
+        if not isinstance(key, str):
+            raise CheckpointStateError(where, f"dict keys must be str, got {type(key).__name__}")
+        out[key] = _encode(item, where, tensors)
+    return {"D": out}
+
+
+def _encode(value: Any, path: str, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, _SCALARS):
+        if isinstance(value, int) and not isinstance(value, bool) and type(value) is not int:
+            raise CheckpointStateError(path, f"int subclass {type(value).__name__} is not JSON-safe")
+        return value
+    if isinstance(value, torch.Tensor):
+        return {"X": _add_tensor(value, path, tensors)}
+    if isinstance(value, list):
+        return {"L": [_encode(v, f"{path}[{i}]", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, tuple):
+        return {"T": [_encode(v, f"{path}[{i}]", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, dict):
+        return _encode_dict(value, path, tensors)
+    raise CheckpointStateError(
+        path, f"values must be JSON-safe (None, bool, int, float, str, list, tuple, dict with str "
+              f"keys) or torch tensors; got {type(value).__module__}.{type(value).__qualname__}")
+
+
+def _add_tensor(value: torch.Tensor, path: str, tensors: list[torch.Tensor]) -> int:
+    if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
+        raise CheckpointStateError(path, f"only plain tensors are allowed, got {type(value).__name__} "
+                                         "(put sharded state in the model or optimizer)")
+    name = str(value.dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise CheckpointStateError(path, f"tensor dtype {value.dtype} is not supported; "
+                                         f"use one of {sorted(_DTYPES)}")
+    tensors.append(value.detach().to("cpu", copy=True).contiguous())
+    return len(tensors) - 1
+
+
+def decode_extra(data: bytes | memoryview, *, path: str) -> dict[str, Any]:
+    """Inverse of `encode_extra`. Raises CheckpointCorruptError naming `path` on bad input."""
+    data = memoryview(data)
+    try:
+        if bytes(data[:len(MAGIC)]) != MAGIC:
+            raise ValueError("bad magic bytes")
+        (length,) = _HEADER.unpack_from(data, len(MAGIC))
+        start = len(MAGIC) + _HEADER.size
+        if start + length > len(data):
+            raise ValueError("header runs past the end of the file")
+        header = json.loads(bytes(data[start:start + length]).decode())
+        body = data[start + length:]
+        tensors = [_decode_tensor(entry, body) for entry in header["tensors"]]
+        result = _decode(header["values"], tensors)
+    except CheckpointCorruptError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, struct.error, RuntimeError) as exc:
+        raise CheckpointCorruptError(path, f"extra state is malformed ({exc})") from exc
+    if not isinstance(result, dict):
+        raise CheckpointCorruptError(path, "extra state is not a dict")
+    return result
+
+
+def _decode_tensor(entry: dict, body: memoryview) -> torch.Tensor:
+    dtype = _DTYPES[entry["dtype"]]
+    shape = [int(s) for s in entry["shape"]]
+    offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if offset < 0 or offset + nbytes > len(body) or nbytes != math.prod(shape) * itemsize:
+        raise ValueError(f"tensor bytes [{offset}, {offset + nbytes}) do not fit shape {shape}")
+    out = torch.empty(shape, dtype=dtype)
+    if nbytes:
+        out.reshape(-1).view(torch.uint8).copy_(
+            torch.frombuffer(bytearray(body[offset:offset + nbytes]), dtype=torch.uint8))
+    return out
+
+
+def _decode(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, _SCALARS):
+        return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ValueError(f"unexpected encoded value {str(value)[:80]!r}")
+    (tag, inner), = value.items()
+    if tag == "D" and isinstance(inner, dict):
+        return {str(k): _decode(v, tensors) for k, v in inner.items()}
+    if tag in ("L", "T") and isinstance(inner, list):
+        items = [_decode(v, tensors) for v in inner]
+        return items if tag == "L" else tuple(items)
+    if tag == "X" and type(inner) is int and 0 <= inner < len(tensors):
+        return tensors[inner]
+    raise ValueError(f"unknown tag {tag!r}")

@@ -1,0 +1,142 @@
+"""Loading the newest committed checkpoint on every rank, from memory when possible.
+
+Called by `RankCheckpointer.load` on the training thread of every rank. Candidates are the
+committed steps, newest first, as the coordinator knows them (rank 0's list is used by all). For
+each candidate every rank loads its part, from its writer's memory when the shard layout matches,
+else from storage with every file checked against the manifest; then the ranks agree (all
+succeeded?) and either apply the state or fall back to the next older step, with a warning that
+names the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from typing import Any
+
+import ray
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+from ray_resilience.checkpoint import commit, layout, shard_io
+from ray_resilience.checkpoint.agreement import Agreement
+from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointLoadError
+from ray_resilience.checkpoint.extra_codec import decode_extra
+from ray_resilience.checkpoint.readers import MemoryShardReader, SafeLoadPlanner, StorageShardReader
+from ray_resilience.checkpoint.snapshot import MODEL_KEY, OPTIMIZER_KEY, capture, state_dict_of
+from ray_resilience.checkpoint.storage import CheckpointStorage
+from ray_resilience.checkpoint.types import LoadedCheckpoint, layout_key
+
+logger = logging.getLogger(__name__)
+CALL_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass
+class LoadTarget:
+    """Who loads what: this rank, its model/optimizer, and where checkpoints live."""
+
+    rank: int
+    storage: CheckpointStorage
+    coordinator: Any
+    memory_tier: bool
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+
+
+def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | None:
+    """Restores the newest step every rank can load. None when nothing is committed; raises
+    CheckpointLoadError when steps are committed but none loads on every rank."""
+    committed, holders = ray.get(target.coordinator.load_info.remote(target.rank), timeout=CALL_TIMEOUT_S)
+    names = agreement.gather([d.name for d in committed])[0]
+    candidates = [d for d in map(layout.parse_step_dir, names) if d is not None]
+    failures = []
+    for step_dir in candidates:
+        state, loaded, error = _try_step(target, step_dir, holders.get(step_dir))
+        if agreement.all_true(loaded is not None):
+            _apply(target, state)
+            logger.info("rank %d: resumed from checkpoint step %d (%s tier)", target.rank,
+                        loaded.step, loaded.tier)
+            return loaded
+        reason = error or "another rank could not load it"
+        failures.append(f"step {step_dir.step} ({reason})")
+        logger.warning("rank %d: checkpoint step %d is not loadable on every rank (%s); falling back "
+                       "to the previous committed step", target.rank, step_dir.step, reason)
+    if candidates:
+        raise CheckpointLoadError(target.storage.display(), failures)
+    return None
+
+
+def _try_step(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
+              ) -> tuple[dict, LoadedCheckpoint | None, str | None]:
+    state = state_dict_of(target.model, target.optimizer)
+    path = target.storage.display(step_dir.name)
+    try:
+        extra = _from_memory(target, step_dir, holder, state) if target.memory_tier else None
+        tier = "memory"
+        if extra is None:
+            extra, tier = _from_storage(target, step_dir, state), "storage"
+        return state, LoadedCheckpoint(step=step_dir.step, extra=extra, tier=tier, path=path), None
+    except Exception as exc:  # noqa: BLE001 - reported, then every rank falls back together
+        return state, None, _describe(exc)
+
+
+def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any, state: dict) -> dict | None:
+    if holder is None:
+        return None
+    try:
+        entry = ray.get(holder.memory_entry.remote(target.rank, step_dir.session, step_dir.step),
+                        timeout=CALL_TIMEOUT_S)
+        if entry is None:
+            return None
+        items, _ = capture(target.model, target.optimizer).build_items()
+        if layout_key(items) != layout_key(entry.items):
+            logger.info("rank %d: memory copy of step %d has another shard layout; reading storage",
+                        target.rank, step_dir.step)
+            return None
+        payload = ray.get(entry.boxed[0], timeout=CALL_TIMEOUT_S)
+        reader = MemoryShardReader(entry.items, payload, where=f"memory of {step_dir.name}")
+        _dcp_load(state, reader)
+        return decode_extra(payload.extra, path=f"memory of {step_dir.name}")
+    except Exception as exc:  # noqa: BLE001 - the memory tier is an optimization; storage remains
+        logger.warning("rank %d: memory tier unusable for step %d (%s); reading storage",
+                       target.rank, step_dir.step, _describe(exc))
+        return None
+
+
+def _from_storage(target: LoadTarget, step_dir: layout.StepDir, state: dict) -> dict:
+    manifest = commit.read_manifest(target.storage, step_dir)
+    if manifest is None:
+        raise CheckpointCorruptError(target.storage.display(f"{step_dir.name}/{layout.MANIFEST_NAME}"),
+                                     "the commit manifest disappeared")
+    _dcp_load(state, StorageShardReader(target.storage, manifest))
+    owner = target.rank if target.rank < manifest.world_size else 0
+    name = layout.extra_file_name(owner)
+    if name not in manifest.files:
+        raise CheckpointCorruptError(target.storage.display(f"{step_dir.name}/{name}"),
+                                     "the extra-state file is not in the manifest")
+    data = shard_io.read_verified(target.storage, step_dir.name, name, manifest.files[name])
+    return decode_extra(data, path=target.storage.display(f"{step_dir.name}/{name}"))
+
+
+def _dcp_load(state: dict, reader: Any) -> None:
+    """DCP load of this rank's part only: reading needs no coordination between ranks."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+
+
+def _apply(target: LoadTarget, state: dict) -> None:
+    set_model_state_dict(target.model, state[MODEL_KEY])
+    if target.optimizer is not None:
+        set_optimizer_state_dict(target.model, target.optimizer, state[OPTIMIZER_KEY])
+
+
+def _describe(exc: BaseException) -> str:
+    """The most specific message: DCP wraps reader errors in a CheckpointException."""
+    for failure in getattr(exc, "failures", {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException):
+            return f"{type(inner).__name__}: {inner}"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,102 @@
+"""`CheckpointService`: the supervisor's handle on a run's checkpointing.
+
+`start` checks that storage is writable (failing fast with the path), starts the commit
+coordinator and the writers, and hands out a `RankCheckpointSpec` per rank for the worker actors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pyarrow.fs as pafs
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.coordinator import CommitCoordinator
+from ray_resilience.checkpoint.storage import CheckpointStorage
+
+COORDINATOR_MAX_CONCURRENCY = 64
+CALL_TIMEOUT_S = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCheckpointSpec:
+    """Everything a rank's `RankCheckpointer` needs. Picklable; passed to the worker actor."""
+
+    storage: CheckpointStorage
+    config: CheckpointConfig
+    coordinator: Any
+    writer: Any
+    writer_id: str
+    rank: int
+    world_size: int
+
+
+class CheckpointService:
+    """Supervisor side. Created once per run by `start`; `ensure_writers` after respawns;
+    `shutdown` at the end. Methods block on short actor calls only."""
+
+    def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any,
+                 writers: list[tuple[Any, str]]) -> None:
+        self.storage, self.config, self._coordinator = storage, config, coordinator
+        self._writers = writers
+
+    @classmethod
+    def start(cls, *, storage_path: str, run_name: str, storage_filesystem: pafs.FileSystem | None,
+              world_size: int, node_ids_by_rank: list[str], config: CheckpointConfig,
+              ) -> CheckpointService:
+        """Checks storage, starts the coordinator (on this node) and the writers."""
+        if len(node_ids_by_rank) != world_size:
+            raise ValueError(f"node_ids_by_rank has {len(node_ids_by_rank)} entries for "
+                             f"world_size={world_size}; give one node id per rank")
+        storage = CheckpointStorage.for_run(storage_path, run_name, storage_filesystem)
+        storage.check_writable()
+        here = ray.get_runtime_context().get_node_id()
+        coordinator = ray.remote(CommitCoordinator).options(
+            num_cpus=0, max_concurrency=COORDINATOR_MAX_CONCURRENCY, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+        ).remote(storage=storage, config=config)
+        try:
+            writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank)),
+                              timeout=CALL_TIMEOUT_S)
+        except BaseException:
+            ray.kill(coordinator)
+            raise
+        return cls(storage=storage, config=config, coordinator=coordinator, writers=writers)
+
+    def rank_spec(self, rank: int) -> RankCheckpointSpec:
+        writer, writer_id = self._writers[rank]
+        return RankCheckpointSpec(storage=self.storage, config=self.config,
+                                  coordinator=self._coordinator, writer=writer, writer_id=writer_id,
+                                  rank=rank, world_size=len(self._writers))
+
+    def ensure_writers(self, node_ids_by_rank: list[str]) -> list[RankCheckpointSpec]:
+        """After a respawn (or a shrink): replaces dead writers, serves new nodes; fresh specs."""
+        self._writers = ray.get(self._coordinator.ensure_writers.remote(list(node_ids_by_rank)),
+                                timeout=CALL_TIMEOUT_S)
+        return [self.rank_spec(rank) for rank in range(len(self._writers))]
+
+    def latest_committed_step(self) -> int | None:
+        return ray.get(self._coordinator.latest_committed_step.remote(), timeout=CALL_TIMEOUT_S)
+
+    def stats(self) -> dict[str, Any]:
+        """Committed and pending steps, commit latencies, and per writer: memory used (memory
+        tier and in-flight bytes), shards received/durable/failed, retries, last error."""
+        stats = ray.get(self._coordinator.stats.remote(), timeout=CALL_TIMEOUT_S)
+        stats["memory_bytes"] = sum(w.get("memory_tier_bytes", 0) + w.get("in_flight_bytes", 0)
+                                    for w in stats["writers"])
+        stats["run_checkpoints_dir"] = self.storage.display()
+        return stats
+
+    def shutdown(self) -> None:
+        """Stops the writers and the coordinator (in-flight writes are abandoned)."""
+        try:
+            ray.get(self._coordinator.shutdown.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - killed below either way
+            pass
+        try:
+            ray.kill(self._coordinator)
+        except Exception:  # noqa: BLE001
+            pass

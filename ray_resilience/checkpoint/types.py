@@ -1,0 +1,131 @@
+"""Records that travel between ranks, writers and the commit coordinator (all picklable)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import numpy as np
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+
+from ray_resilience.checkpoint import layout
+
+
+def is_tensor_item(item: WriteItem) -> bool:
+    return item.type != WriteItemType.BYTE_IO
+
+
+def item_nbytes(item: WriteItem) -> int:
+    if not is_tensor_item(item):
+        return 0
+    numel = 1
+    for size in item.tensor_data.chunk.sizes:
+        numel *= size
+    return numel * item.tensor_data.properties.dtype.itemsize
+
+
+def layout_key(items: list[WriteItem]) -> tuple:
+    """What a snapshot must match to be copied straight into a rank's state: names, offsets,
+    shapes and dtypes of every item."""
+    return tuple(
+        (i.index.fqn, tuple(i.index.offset or ()), i.type.value,
+         tuple(i.tensor_data.chunk.sizes) if i.tensor_data else (),
+         str(i.tensor_data.properties.dtype) if i.tensor_data else "")
+        for i in items)
+
+
+@dataclasses.dataclass
+class SaveTicket:
+    """One rank's part of one save: what the writer needs besides the bytes."""
+
+    session: str
+    step: int
+    rank: int
+    world_size: int
+    items: list[WriteItem]
+    """Every local item, in payload order (tensor items by `arrays`, byte items by `blobs`)."""
+    owned: list[bool]
+    """Per item: this rank writes it to storage (replicated items are written by one rank)."""
+    planner_data: dict
+    staged_at: float
+    """Wall-clock time the training thread took the snapshot (save latency starts here)."""
+
+    @property
+    def dir_name(self) -> str:
+        return layout.step_dir_name(self.step, self.session)
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.session, self.step, self.rank)
+
+
+@dataclasses.dataclass
+class ShardPayload:
+    """A rank's snapshot: flat uint8 views of its tensor items, its byte items, its extra state."""
+
+    arrays: list[np.ndarray]
+    blobs: list[bytes]
+    extra: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays) + sum(map(len, self.blobs)) + len(self.extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileDigest:
+    size: int
+    crc32: int
+
+
+@dataclasses.dataclass
+class ShardReport:
+    """Writer -> coordinator: one rank's shard of a step is durable."""
+
+    session: str
+    step: int
+    rank: int
+    world_size: int
+    writer_id: str
+    files: dict[str, FileDigest]
+    written_items: list[WriteItem]
+    storage_infos: dict[MetadataIndex, _StorageInfo]
+    planner_data: dict
+    staged_at: float
+    durable_at: float
+    nbytes: int
+
+
+@dataclasses.dataclass
+class ShardOutcome:
+    """Writer -> rank: how the rank's save ended (durable or given up, with the error)."""
+
+    session: str
+    step: int
+    ok: bool
+    error: str | None = None
+    write_s: float = 0.0
+
+
+@dataclasses.dataclass
+class MemoryEntry:
+    """A committed shard held by a writer: `boxed[0]` is the writer-owned payload object."""
+
+    session: str
+    step: int
+    items: list[WriteItem]
+    boxed: list[Any]
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What `RankCheckpointer.load` restored: resume after `step`."""
+
+    step: int
+    extra: dict[str, Any]
+    tier: Literal["memory", "storage"]
+    path: str
+    """The step folder (URI or local path) the checkpoint belongs to."""

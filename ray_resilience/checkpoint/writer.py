@@ -1,0 +1,175 @@
+"""`CheckpointWriter`: the node-local writer actor.
+
+Created by the commit coordinator, one or more per node hosting ranks (node affinity,
+`num_cpus=0`, threaded). A rank calls `receive` with its snapshot object; the writer copies it
+into an object it owns (a Ray object dies with the process that created it, and the rank may
+die first), persists it to storage in a thread, reports durability to the coordinator and
+answers the rank's `wait`. After the coordinator commits a step, the writer keeps that shard as
+the memory tier (within its budget) until a newer step commits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.errors import CheckpointStorageError
+from ray_resilience.checkpoint.shard_io import write_shard
+from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
+from ray_resilience.checkpoint.types import MemoryEntry, SaveTicket, ShardOutcome, ShardReport
+
+logger = logging.getLogger(__name__)
+Key = tuple[str, int, int]  # (session, step, rank)
+
+
+@dataclasses.dataclass
+class _Shard:
+    ticket: SaveTicket
+    boxed: list[Any]
+    nbytes: int
+    durable: bool = False
+
+
+class CheckpointWriter:
+    """Persists shards handed over by the ranks of its node. Plain class; the coordinator wraps
+    it with `ray.remote`. May assume each rank has at most one shard in flight at a time."""
+
+    def __init__(self, *, writer_id: str, storage: CheckpointStorage, config: CheckpointConfig,
+                 coordinator: Any, memory_budget_bytes: int | None) -> None:
+        self.writer_id, self.storage, self.config = writer_id, storage, config
+        self._coordinator, self._budget = coordinator, memory_budget_bytes
+        self._cond = threading.Condition()
+        self._shards: dict[Key, _Shard] = {}
+        self._outcomes: dict[Key, ShardOutcome] = {}
+        self._memory: dict[int, MemoryEntry] = {}
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
+        self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0}
+        self._last_error: str | None = None
+
+    def ping(self) -> dict[str, Any]:
+        return {"writer_id": self.writer_id, "pid": os.getpid(),
+                "node_id": ray.get_runtime_context().get_node_id()}
+
+    def receive(self, ticket: SaveTicket, boxed: list[Any]) -> None:
+        """Takes a rank's snapshot: copies it into a writer-owned object, queues the write."""
+        payload = ray.get(boxed[0])
+        own = ray.put(payload)
+        nbytes = payload.nbytes
+        del payload, boxed
+        with self._cond:
+            for key in [k for k in self._shards if k[2] == ticket.rank and not self._shards[k].durable]:
+                del self._shards[key]  # an older unfinished try of this rank: superseded
+            for key in [k for k in self._outcomes if k[2] == ticket.rank]:
+                del self._outcomes[key]
+            self._shards[ticket.key] = _Shard(ticket, [own], nbytes)
+            self._counts["received"] += 1
+        self._pool.submit(self._persist, ticket.key)
+
+    def _persist(self, key: Key) -> None:
+        with self._cond:
+            shard = self._shards.get(key)
+        if shard is None:
+            return
+        ticket, start = shard.ticket, time.time()
+        try:
+            payload = ray.get(shard.boxed[0])
+            files, written, infos = retrying(
+                lambda: write_shard(self.storage, ticket, payload),
+                what=f"writing rank {ticket.rank}'s shard of step {ticket.step}",
+                num_retries=self.config.num_storage_retries,
+                backoff_s=self.config.storage_retry_backoff_s, on_retry=self._on_retry)
+            del payload
+        except Exception as exc:  # noqa: BLE001 - any failure loses this shard only
+            self._fail(key, ticket, exc, time.time() - start)
+            return
+        with self._cond:
+            shard.durable = True
+            if not self.config.memory_tier:
+                shard.boxed.clear()
+        report = ShardReport(
+            session=ticket.session, step=ticket.step, rank=ticket.rank, world_size=ticket.world_size,
+            writer_id=self.writer_id, files=files, written_items=written, storage_infos=infos,
+            planner_data=ticket.planner_data, staged_at=ticket.staged_at, durable_at=time.time(),
+            nbytes=shard.nbytes)
+        self._coordinator.shard_durable.remote(report)
+        self._finish(key, ShardOutcome(ticket.session, ticket.step, True, write_s=time.time() - start))
+
+    def _on_retry(self, err: CheckpointStorageError, delay_s: float) -> None:
+        self._counts["retries"] += 1
+        self._last_error = str(err)
+
+    def _fail(self, key: Key, ticket: SaveTicket, exc: BaseException, write_s: float) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        logger.warning("writer %s: rank %d's shard of checkpoint step %d was not written: %s",
+                       self.writer_id, ticket.rank, ticket.step, message)
+        self._last_error = message
+        with self._cond:
+            self._shards.pop(key, None)
+        self._coordinator.shard_failed.remote(ticket.session, ticket.step, ticket.rank, message)
+        self._finish(key, ShardOutcome(ticket.session, ticket.step, False, message, write_s))
+
+    def _finish(self, key: Key, outcome: ShardOutcome) -> None:
+        with self._cond:
+            self._counts["durable" if outcome.ok else "failed"] += 1
+            self._outcomes[key] = outcome
+            self._cond.notify_all()
+
+    def wait(self, key: Key, timeout_s: float) -> ShardOutcome | None:
+        """The outcome of a shard once it is durable or given up; None if still writing."""
+        key = tuple(key)
+        with self._cond:
+            self._cond.wait_for(lambda: key in self._outcomes, timeout=timeout_s)
+            return self._outcomes.pop(key, None)
+
+    def on_commit(self, session: str, step: int) -> None:
+        """The coordinator committed (session, step): its shards become the memory tier, older
+        shards and memory entries are dropped."""
+        with self._cond:
+            for key, shard in list(self._shards.items()):
+                if (key[0], key[1]) == (session, step) and shard.durable:
+                    del self._shards[key]
+                    self._promote(shard)
+                elif shard.durable and (key[0] != session or key[1] < step):
+                    del self._shards[key]
+            for rank, entry in list(self._memory.items()):
+                if (entry.session, entry.step) != (session, step):
+                    del self._memory[rank]
+
+    def _promote(self, shard: _Shard) -> None:
+        if not self.config.memory_tier or not shard.boxed:
+            return
+        rank = shard.ticket.rank
+        used = sum(e.nbytes for r, e in self._memory.items() if r != rank)
+        if self._budget is not None and used + shard.nbytes > self._budget:
+            logger.info("writer %s: rank %d's step %d (%d bytes) exceeds the memory tier budget "
+                        "(%d bytes); it loads from storage", self.writer_id, rank,
+                        shard.ticket.step, shard.nbytes, self._budget)
+            return
+        self._memory[rank] = MemoryEntry(shard.ticket.session, shard.ticket.step,
+                                         shard.ticket.items, shard.boxed, shard.nbytes)
+
+    def memory_entry(self, rank: int, session: str, step: int) -> MemoryEntry | None:
+        """Rank `rank`'s shard of committed (session, step) if it is held in memory."""
+        with self._cond:
+            entry = self._memory.get(rank)
+            if entry is None or (entry.session, entry.step) != (session, step):
+                return None
+            return entry
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "writer_id": self.writer_id, **self._counts, "last_error": self._last_error,
+                "memory_tier_bytes": sum(e.nbytes for e in self._memory.values()),
+                "in_flight_bytes": sum(s.nbytes for s in self._shards.values() if s.boxed),
+                "memory_tier_steps": {r: e.step for r, e in self._memory.items()},
+                "in_flight": sorted([list(k) for k in self._shards]),
+            }

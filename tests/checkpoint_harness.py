@@ -1,0 +1,146 @@
+"""Test harness for checkpoint tests: FSDP2 ranks as small Ray actors with a real gloo group.
+
+Each `RankActor` builds the tiny LLaMA sharded with `fully_shard`, an AdamW optimizer and a
+`RankCheckpointer`, and trains on deterministic batches, so two runs that start from the same
+state end bit-equal.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import ray
+import torch
+
+from ray_resilience.examples.llama import build_model, causal_lm_loss
+
+VOCAB = 256
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    rows = torch.randint(0, VOCAB, (2, 17), generator=gen)
+    return rows[:, :-1], rows[:, 1:]
+
+
+class RankActor:
+    """One rank. Methods run on the actor's thread; all ranks must call collectives together."""
+
+    def __init__(self, rank: int, world_size: int, port: int, spec: Any, preset: str = "tiny") -> None:
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        from ray_resilience.checkpoint import RankCheckpointer
+
+        torch.set_num_threads(1)
+        self.rank, self.world_size = rank, world_size
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size)
+        self.model = build_model(preset, seed=0)
+        for layer in self.model.layers:
+            fully_shard(layer)
+        fully_shard(self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.ckpt = RankCheckpointer(spec, rank=rank, world_size=world_size) if spec else None
+        self.step = 0
+
+    def train(self, num_steps: int, *, save: bool = True) -> list[float | None]:
+        blocked = []
+        for _ in range(num_steps):
+            self.step += 1
+            inputs, targets = batch(self.step, self.rank)
+            loss = causal_lm_loss(self.model(inputs), targets)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if save and self.ckpt is not None:
+                blocked.append(self.ckpt.maybe_save(self.step, model=self.model, optimizer=self.optimizer,
+                                                    extra=self.extra()))
+        return blocked
+
+    def extra(self) -> dict[str, Any]:
+        return {"step": self.step, "rng": torch.get_rng_state(), "note": ("rank", self.rank)}
+
+    def save(self, step: int) -> float | None:
+        self.step = step
+        return self.ckpt.save(step, model=self.model, optimizer=self.optimizer, extra=self.extra())
+
+    def save_then_mutate(self, step: int) -> dict[str, torch.Tensor]:
+        """Full state at save time (gathered), then every parameter and moment changes at once."""
+        expected = self.full_state()
+        self.save(step)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(1.0)
+            for state in self.optimizer.state.values():
+                for value in state.values():
+                    if torch.is_tensor(value) and value.dim() > 0:
+                        value.add_(1.0)
+        return expected
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+        model = get_model_state_dict(self.model, options=options)
+        optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        out = {f"model.{k}": v.clone() for k, v in model.items()}
+        for fqn, state in optim["state"].items():
+            out.update({f"optimizer.state.{fqn}.{k}": v.clone() for k, v in state.items()})
+        return out
+
+    def load(self) -> dict[str, Any] | None:
+        loaded = self.ckpt.load(model=self.model, optimizer=self.optimizer)
+        if loaded is None:
+            return None
+        self.step = loaded.step
+        return {"step": loaded.step, "tier": loaded.tier, "path": loaded.path, "extra": loaded.extra}
+
+    def wait_idle(self, timeout_s: float = 120.0) -> bool:
+        return self.ckpt.wait_idle(timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        return self.ckpt.stats()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.ckpt is not None:
+            self.ckpt.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | None = None) -> list[Any]:
+    """Starts one RankActor per spec (or `world_size` ranks without checkpointing)."""
+    world_size = world_size or len(specs)
+    specs = specs or [None] * world_size
+    port = free_port()
+    actor = ray.remote(RankActor).options(num_cpus=1, max_concurrency=2)
+    return [actor.remote(rank, world_size, port, specs[rank], preset) for rank in range(world_size)]
+
+
+def on_all(ranks: list[Any], method: str, *args: Any, timeout: float = 150.0, **kwargs: Any) -> list[Any]:
+    """Calls `method` on every rank at once (collectives inside) and returns the results."""
+    return ray.get([getattr(r, method).remote(*args, **kwargs) for r in ranks], timeout=timeout)
+
+
+def stop_ranks(ranks: list[Any]) -> None:
+    try:
+        ray.get([r.close.remote() for r in ranks], timeout=60)
+    except Exception:  # noqa: BLE001 - killed below either way
+        pass
+    for r in ranks:
+        ray.kill(r)
