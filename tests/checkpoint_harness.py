@@ -103,7 +103,23 @@ class RankActor:
         if loaded is None:
             return None
         self.step = loaded.step
-        return {"step": loaded.step, "tier": loaded.tier, "path": loaded.path, "extra": loaded.extra}
+        return {"step": loaded.step, "tier": loaded.tier, "path": loaded.path, "extra": loaded.extra,
+                "fallbacks": list(loaded.fallbacks)}
+
+    def stock_load(self, path: str) -> dict[str, torch.Tensor]:
+        """Loads with plain `torch.distributed.checkpoint.load` (no ray_resilience code) at this
+        world size, then returns the full state."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+            set_optimizer_state_dict)
+
+        state = {"model": get_model_state_dict(self.model),
+                 "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        return self.full_state()
 
     def wait_idle(self, timeout_s: float = 120.0) -> bool:
         return self.ckpt.wait_idle(timeout_s)

@@ -18,6 +18,7 @@ from typing import Any
 import ray
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
 from ray_resilience.checkpoint import commit, layout, shard_io
@@ -56,10 +57,12 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
         state, loaded, error = _try_step(target, step_dir, holders.get(step_dir))
         if agreement.all_true(loaded is not None):
             _apply(target, state)
+            loaded = dataclasses.replace(loaded, fallbacks=tuple(failures))
             logger.info("rank %d: resumed from checkpoint step %d (%s tier)", target.rank,
                         loaded.step, loaded.tier)
             return loaded
-        reason = error or "another rank could not load it"
+        errors = agreement.gather(error)
+        reason = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e) or "unknown error"
         failures.append(f"step {step_dir.step} ({reason})")
         logger.warning("rank %d: checkpoint step %d is not loadable on every rank (%s); falling back "
                        "to the previous committed step", target.rank, step_dir.step, reason)
@@ -78,7 +81,7 @@ def _try_step(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
         if extra is None:
             extra, tier = _from_storage(target, step_dir, state), "storage"
         return state, LoadedCheckpoint(step=step_dir.step, extra=extra, tier=tier, path=path), None
-    except Exception as exc:  # noqa: BLE001 - reported, then every rank falls back together
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank falls back together
         return state, None, _describe(exc)
 
 
@@ -99,7 +102,7 @@ def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any, stat
         reader = MemoryShardReader(entry.items, payload, where=f"memory of {step_dir.name}")
         _dcp_load(state, reader)
         return decode_extra(payload.extra, path=f"memory of {step_dir.name}")
-    except Exception as exc:  # noqa: BLE001 - the memory tier is an optimization; storage remains
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - storage remains the fallback
         logger.warning("rank %d: memory tier unusable for step %d (%s); reading storage",
                        target.rank, step_dir.step, _describe(exc))
         return None

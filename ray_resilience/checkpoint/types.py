@@ -129,3 +129,5 @@ class LoadedCheckpoint:
     tier: Literal["memory", "storage"]
     path: str
     """The step folder (URI or local path) the checkpoint belongs to."""
+    fallbacks: tuple[str, ...] = ()
+    """Newer committed steps that could not be loaded, each with the reason (file named)."""
