@@ -1,13 +1,13 @@
 """cluster_configs/ manifests validate clean, and each validator rule catches its broken copy.
 
-Broken copies are made by mutating the parsed YAML of a real manifest, so every test starts from a
-manifest that passes and breaks exactly one thing. CRDs come from `<repo>/../shared/kuberay/crds`
-(KubeRay v1.7.0); they are parsed once per process by the validator's own cache.
+A broken copy mutates the parsed YAML of a real, passing manifest in exactly one way. CRDs come
+from `<repo>/../shared/kuberay/crds` (KubeRay v1.7.0), parsed once by the validator's cache.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,15 +47,13 @@ def stub_jobs_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def load(name: str) -> list[dict[str, Any]]:
+def load(name: str) -> list[dict[str, Any]]:  # a fresh copy on every call
     with open(CONFIGS / name, encoding="utf-8") as f:
         return [d for d in yaml.load_all(f, Loader=yaml.CSafeLoader) if d is not None]
 
 
 def at(doc: Any, path: list[Any]) -> Any:
-    for key in path:
-        doc = doc[key]
-    return doc
+    return functools.reduce(lambda node, key: node[key], path, doc)
 
 
 def check(docs: list[dict[str, Any]], jobs_dir: str, crd_dir: str) -> list[ManifestProblem]:
@@ -95,27 +93,19 @@ def _entry(old: str, new: str) -> Callable[[list[dict[str, Any]]], None]:
     return mutate
 
 
-def _both(*mutations: Callable[[list[dict[str, Any]]], None]) -> Callable[[list[Any]], None]:
-    def mutate(docs: list[dict[str, Any]]) -> None:
-        for m in mutations:
-            m(docs)
-
-    return mutate
-
-
 W_POD = [*WORKER, "template", "spec"]
 W_RES = [*W_POD, "containers", 0, "resources"]
-EKS = "rayjob-eks-p5.yaml"
+H_RES = [*HEAD, "template", "spec", "containers", 0, "resources"]
+EKS, CPU, ENTRY = "rayjob-eks-p5.yaml", "rayjob-cpu-small.yaml", "spec.entrypoint"
 BROKEN = [
     # (id, manifest, mutation, rule, a substring of the problem's yaml_path)
     ("deep-unknown-field", EKS, _set([*W_POD, "containers", 0, "resourcez"], {}),
      Rule.CRD_SCHEMA, "containers[0].resourcez"),
     ("misspelt-spec-field", EKS, _set(["spec", "shutdownAfterJobFinshes"], True),
      Rule.CRD_SCHEMA, "spec.shutdownAfterJobFinshes"),
-    ("unquoted-start-param", "rayjob-cpu-small.yaml",
-     _set([*WORKER, "rayStartParams", "num-cpus"], 2), Rule.CRD_SCHEMA, "rayStartParams.num-cpus"),
-    ("unknown-metadata-field", EKS, _set(["metadata", "lables"], {}),
-     Rule.K8S_SCHEMA, "metadata.lables"),
+    ("unquoted-start-param", CPU, _set([*WORKER, "rayStartParams", "num-cpus"], 2),
+     Rule.CRD_SCHEMA, "rayStartParams.num-cpus"),
+    ("unknown-metadata-field", EKS, _set(["metadata", "lables"], {}), Rule.K8S_SCHEMA, "lables"),
     ("unknown-kind", EKS, _set(["kind"], "RayJobs"), Rule.UNKNOWN_KIND, "kind"),
     ("unknown-group", EKS, _set(["apiVersion"], "example.com/v1"), Rule.UNKNOWN_KIND, "kind"),
     ("pvc-unknown-field", "fsx-storage.yaml", lambda d: d[1]["spec"].update(storageClass="x"),
@@ -126,53 +116,40 @@ BROKEN = [
      Rule.JOB_LIFECYCLE, "spec.ttlSecondsAfterFinished"),
     ("zero-deadline", EKS, _set(["spec", "activeDeadlineSeconds"], 0),
      Rule.JOB_LIFECYCLE, "spec.activeDeadlineSeconds"),
-    ("script-missing", EKS, _entry("train_llama_fsdp.py", "train_lama_fsdp.py"),
-     Rule.ENTRYPOINT_FILE, "spec.entrypoint"),
-    ("script-outside-jobs", EKS, _entry("jobs/train", "scripts/train"),
-     Rule.ENTRYPOINT_FILE, "spec.entrypoint"),
-    ("gpus-more-pods", EKS,
-     _both(*(_set([*WORKER, k], 3) for k in ("replicas", "minReplicas", "maxReplicas"))),
-     Rule.GPU_COUNT, "spec.entrypoint"),
-    ("gpus-fewer-ranks", EKS, _entry("--num_workers 16", "--num_workers 12"),
-     Rule.GPU_COUNT, "spec.entrypoint"),
-    ("gpus-without-use-gpu", EKS, _entry("--use_gpu", ""), Rule.GPU_COUNT, "spec.entrypoint"),
-    ("gpus-on-head", EKS, _set([*HEAD, "template", "spec", "containers", 0, "resources", "limits",
-                                "nvidia.com/gpu"], 1), Rule.GPU_COUNT, "headGroupSpec"),
-    ("storage-not-mounted", EKS, _entry("/fsx/checkpoints", "/scratch/checkpoints"),
+    ("script-missing", EKS, _entry("train_llama", "train_lama"), Rule.ENTRYPOINT_FILE, ENTRY),
+    ("script-outside-jobs", EKS, _entry("jobs/", "scripts/"), Rule.ENTRYPOINT_FILE, ENTRY),
+    ("gpus-more-pods", EKS, lambda d: at(d[0], WORKER).update(replicas=3, minReplicas=3,
+     maxReplicas=3), Rule.GPU_COUNT, ENTRY),
+    ("gpus-fewer-ranks", EKS, _entry("workers 16", "workers 12"), Rule.GPU_COUNT, ENTRY),
+    ("gpus-without-use-gpu", EKS, _entry("--use_gpu", ""), Rule.GPU_COUNT, ENTRY),
+    ("gpus-on-head", EKS, _set([*H_RES, "limits", "nvidia.com/gpu"], 1),
+     Rule.GPU_COUNT, "headGroupSpec"),
+    ("storage-not-mounted", EKS, _entry("/fsx/check", "/scratch/check"),
      Rule.STORAGE_PATH, "volumeMounts"),
-    ("storage-relative", EKS, _entry("/fsx/checkpoints", "checkpoints"),
-     Rule.STORAGE_PATH, "spec.entrypoint"),
+    ("storage-relative", EKS, _entry("/fsx/check", "check"), Rule.STORAGE_PATH, ENTRY),
     ("storage-on-emptydir", EKS, _set([*W_POD, "volumes", 1], {"name": "fsx", "emptyDir": {}}),
      Rule.STORAGE_PATH, "volumeMounts[1]"),
-    ("storage-other-claim", EKS,
-     _set([*W_POD, "volumes", 1, "persistentVolumeClaim", "claimName"], "other"),
-     Rule.STORAGE_PATH, "spec.entrypoint"),
+    ("storage-other-claim", EKS, _set([*W_POD, "volumes", 1, "persistentVolumeClaim",
+     "claimName"], "other"), Rule.STORAGE_PATH, ENTRY),
     ("storage-read-only", EKS, _set([*W_POD, "containers", 0, "volumeMounts", 1, "readOnly"], True),
      Rule.STORAGE_PATH, "readOnly"),
     ("efa-request-differs", EKS, _set([*W_RES, "requests", "vpc.amazonaws.com/efa"], 16),
      Rule.REQUESTS_EQUAL_LIMITS, "vpc.amazonaws.com/efa"),
-    ("memory-request-without-limit", EKS,
-     lambda d: at(d[0], [*HEAD, "template", "spec", "containers", 0, "resources", "limits"])
-     .pop("memory"),
+    ("memory-request-without-limit", EKS, lambda d: at(d[0], [*H_RES, "limits"]).pop("memory"),
      Rule.REQUESTS_EQUAL_LIMITS, "requests.memory"),
-    ("rerun-without-run-name", EKS, _entry("--run_name llama3-8b-p5-run1", ""),
-     Rule.RESUME, "spec.entrypoint"),
-    ("rerun-with-changing-name", EKS, _entry("llama3-8b-p5-run1", "run-$(date +%s)"),
-     Rule.RESUME, "spec.entrypoint"),
+    ("rerun-without-run-name", EKS, _entry("--run_name llama3-8b-p5-run1", ""), Rule.RESUME, ENTRY),
+    ("rerun-with-changing-name", EKS, _entry("8b-p5-run1", "$(date +%s)"), Rule.RESUME, ENTRY),
     ("dashboard-node-port", EKS, _set([*HEAD, "serviceType"], "NodePort"),
      Rule.DASHBOARD, "serviceType"),
-    ("dashboard-ingress", EKS, _set([*HEAD, "enableIngress"], True),
-     Rule.DASHBOARD, "enableIngress"),
+    ("dashboard-ingress", EKS, _set([*HEAD, "enableIngress"], True), Rule.DASHBOARD, "Ingress"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("manifest", "mutate", "rule", "where"), [b[1:] for b in BROKEN],
                          ids=[b[0] for b in BROKEN])  # fmt: skip
-def test_broken_copy_fails_its_rule(
-    manifest: str, mutate: Callable[[list[Any]], None], rule: Rule, where: str,
-    crd_dir: str, stub_jobs_dir: str,
-) -> None:  # fmt: skip
-    docs = copy.deepcopy(load(manifest))
+def test_broken_copy_fails_its_rule(manifest: str, mutate: Callable[[list[Any]], None], rule: Rule,
+                                    where: str, crd_dir: str, stub_jobs_dir: str) -> None:
+    docs = load(manifest)
     assert check(docs, stub_jobs_dir, crd_dir) == []
     mutate(docs)
     problems = check(docs, stub_jobs_dir, crd_dir)
@@ -210,9 +187,7 @@ def test_claim_must_be_declared_alongside(crd_dir: str, stub_jobs_dir: str) -> N
     assert [p.rule for p in problems] == [Rule.CLAIM_DECLARED] * 2, show(problems)
 
 
-def test_yaml_errors_and_shapeless_documents(
-    tmp_path: Path, crd_dir: str, stub_jobs_dir: str
-) -> None:
+def test_yaml_and_shape_errors(tmp_path: Path, crd_dir: str, stub_jobs_dir: str) -> None:
     duplicate = tmp_path / "dup.yaml"
     duplicate.write_text("apiVersion: v1\nkind: ConfigMap\nkind: Secret\nmetadata: {name: a}\n")
     broken = tmp_path / "broken.yml"
@@ -226,6 +201,7 @@ def test_yaml_errors_and_shapeless_documents(
 
 
 def test_cli_usage_errors_exit_two(tmp_path: Path, capsys: Any) -> None:
+    """Exit 2 when the validator cannot run: no CRDs, no jobs folder, no arguments."""
     assert main([str(CONFIGS), "--crd-dir", str(tmp_path)]) == 2
     assert "no CustomResourceDefinition" in capsys.readouterr().err
     assert main([str(CONFIGS), "--crd-dir", str(CRD_DIR), "--jobs-dir", str(tmp_path / "x")]) == 2
@@ -257,3 +233,18 @@ def test_parse_entrypoint_handles_shell_and_flag_forms() -> None:
     assert entry.args == {"a": "1", "b_c": "2", "flag": True}
     assert parse_entrypoint("python -m jobs.train --n 3").script == "jobs/train.py"
     assert parse_entrypoint("bash run.sh").script is None
+
+
+def test_raycluster_and_rayservice_get_cluster_rules(crd_dir: str, stub_jobs_dir: str) -> None:
+    spec = load(EKS)[0]["spec"]["rayClusterSpec"]
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "c" * 53},
+               "spec": copy.deepcopy(spec)}  # fmt: skip
+    service = {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "svc"},
+               "spec": {"rayClusterConfig": copy.deepcopy(spec)}}  # fmt: skip
+    assert check([cluster, service], stub_jobs_dir, crd_dir) == []
+    cluster["metadata"]["name"] += "c"  # 54 > 53
+    service["spec"]["rayClusterConfig"]["headGroupSpec"]["serviceType"] = "LoadBalancer"
+    problems = check([cluster, service], stub_jobs_dir, crd_dir)
+    assert [(p.resource.split("/")[0], p.rule) for p in problems] == [
+        ("RayCluster", Rule.NAME), ("RayService", Rule.DASHBOARD)
+    ], show(problems)
