@@ -14,7 +14,7 @@ from ray_resilience.recovery import NoProgressLimit, RecoveryState
 from ray_resilience._internal.state import FaultEvent
 
 #: Causes after which the rank's process is gone or cannot be trusted to answer.
-PROCESS_LOST = frozenset({"actor_died", "unresponsive", "stuck"})
+PROCESS_LOST = frozenset({"actor_died", "oom", "unresponsive", "stuck"})
 
 
 @dataclasses.dataclass(frozen=True)

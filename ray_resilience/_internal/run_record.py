@@ -98,11 +98,15 @@ class RunRecord:
     def match_injected(self, ranks: list[int], attempt: int) -> tuple[str, dict[str, Any]] | None:
         """The injected fault behind a detected one (same rank and attempt), if any."""
         with self.lock:
-            for fault_id, info in reversed(list(self.fired.items())):
-                if info["rank"] in ranks and info["attempt"] == attempt and not info.get("matched"):
-                    info["matched"] = True
-                    return fault_id, info
-        return None
+            candidates = [(fid, info) for fid, info in self.fired.items()
+                          if info["attempt"] == attempt and not info.get("matched")]
+            # Prefer the rank that was detected; a hung rank's peers often time out first.
+            candidates.sort(key=lambda item: item[1]["rank"] not in ranks)
+            if not candidates:
+                return None
+            fault_id, info = candidates[0]
+            info["matched"] = True
+            return fault_id, info
 
     def sorted_history(self) -> list[dict[str, Any]]:
         with self.lock:

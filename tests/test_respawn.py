@@ -1,0 +1,80 @@
+"""In-job respawn: dead or stuck ranks get new actors; the run ends bit-equal to no faults."""
+
+from __future__ import annotations
+
+import pytest
+
+import ray_resilience as rr
+from tests import workload
+
+STEPS = 10
+
+
+def _resilience(plan, **in_job) -> rr.ResilienceConfig:
+    return rr.ResilienceConfig(
+        in_process=rr.InProcessConfig(interrupt_timeout_s=2.0),
+        in_job=rr.InJobConfig(heartbeat_timeout_s=2.0, **in_job), fault_plan=plan,
+        step_timeout_s=3.0, first_step_timeout_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def clean(ray_session, token_data_dir, tmp_path_factory):
+    return workload.fit(token_data_dir, str(tmp_path_factory.mktemp("clean")), "clean",
+                        max_steps=STEPS)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rank, kind, cause", [
+    (1, "sigkill", "actor_died"), (0, "sigkill", "actor_died"), (1, "oom", "oom"),
+])
+def test_killed_rank_is_replaced(clean, token_data_dir, tmp_path, rank, kind, cause):
+    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=rank, kind=kind)])
+    result = workload.fit(token_data_dir, str(tmp_path), f"{kind}{rank}", max_steps=STEPS,
+                          resilience=_resilience(plan))
+    assert result.ok, result.error
+    assert [f["cause"] for f in result.faults] == [cause]
+    pids = [v["pid"] for v in result.return_values]
+    assert pids[rank] not in clean.worker_pids and pids == result.worker_pids
+    for r in range(2):
+        workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
+
+
+@pytest.mark.timeout(240)
+def test_native_hang_escalates_to_respawn(clean, token_data_dir, tmp_path):
+    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="native_hang")])
+    result = workload.fit(token_data_dir, str(tmp_path), "native", max_steps=STEPS,
+                          resilience=_resilience(plan))
+    assert result.ok, result.error
+    assert result.faults[0]["cause"] == "hang"
+    for r in range(2):
+        workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
+
+
+@pytest.mark.timeout(240)
+def test_policy_all_replaces_every_rank(clean, token_data_dir, tmp_path):
+    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="sigkill")])
+    result = workload.fit(token_data_dir, str(tmp_path), "all", max_steps=STEPS,
+                          resilience=_resilience(plan, policy="all"))
+    assert result.ok, result.error
+    first_pids = set(clean.worker_pids)
+    assert not first_pids & {v["pid"] for v in result.return_values}
+    for r in range(2):
+        workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
+
+
+@pytest.mark.timeout(240)
+def test_respawn_limit_stops_with_typed_error(ray_session, token_data_dir, tmp_path):
+    plan = rr.FaultPlan.explicit([rr.Fault(step=s, rank=1, kind="sigkill") for s in (2, 3, 4)])
+    result = workload.fit(token_data_dir, str(tmp_path), "respawn-limit", max_steps=STEPS,
+                          resilience=_resilience(plan, max_restarts=2))
+    assert isinstance(result.error, rr.RestartLimitError)
+    assert result.error.setting == "InJobConfig.max_restarts" and result.error.ranks == [1]
+
+
+@pytest.mark.timeout(120)
+def test_dead_rank_without_in_job_fails_the_run(ray_session, token_data_dir, tmp_path):
+    plan = rr.FaultPlan.explicit([rr.Fault(step=3, rank=1, kind="sigkill")])
+    result = workload.fit(token_data_dir, str(tmp_path), "no-injob", max_steps=STEPS,
+                          resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(),
+                                                         fault_plan=plan))
+    assert isinstance(result.error, rr.WorkerDiedError) and result.error.ranks == [1]

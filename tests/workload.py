@@ -1,0 +1,70 @@
+"""The tiny LLaMA workload the integration tests train, and how to compare final weights."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch.distributed.fsdp import fully_shard
+
+import ray_resilience as rr
+from ray_resilience.examples.llama import build_model, causal_lm_loss
+from ray_resilience.examples.token_data import TokenDataset
+
+BATCH_SIZE = 4
+LR = 3e-3
+
+
+def train_loop(cfg: dict) -> dict:
+    """FSDP2 tiny LLaMA; returns the full (gathered) state dict and this rank's PID."""
+    ctx = rr.get_context()
+    model = build_model("tiny", seed=0)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    data = TokenDataset(cfg["data_dir"])
+    loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
+    start = loaded.step if loaded is not None else 0
+    for step in range(start + 1, cfg["max_steps"] + 1):
+        inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, BATCH_SIZE)
+        loss = causal_lm_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if cfg.get("sleep_s"):
+            time.sleep(cfg["sleep_s"])
+        rr.report({"loss": loss.item()}, step=step,
+                  checkpoint=rr.CheckpointState(model, optimizer, extra={"data_step": step}))
+    full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt}
+
+
+def single_process_reference(data_dir: str, *, world_size: int, max_steps: int) -> dict:
+    """The same training without FSDP in one process: every rank's batch, one optimizer."""
+    model = build_model("tiny", seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    data = TokenDataset(data_dir)
+    for step in range(1, max_steps + 1):
+        inputs, targets = data.batch(step - 1, 0, 1, BATCH_SIZE * world_size)
+        causal_lm_loss(model(inputs), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def fit(data_dir: str, storage: str, name: str, *, num_workers: int = 2, max_steps: int = 12,
+        resilience: rr.ResilienceConfig | None = None, **cfg) -> rr.Result:
+    return rr.ResilientTrainer(
+        train_loop, train_loop_config={"data_dir": data_dir, "max_steps": max_steps, **cfg},
+        scaling_config=rr.ScalingConfig(num_workers=num_workers),
+        run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
+        resilience=resilience or rr.ResilienceConfig.disabled(),
+    ).fit()
+
+
+def assert_bit_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    diff = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not diff, f"parameters differ from the fault-free run: {diff}"
