@@ -80,10 +80,6 @@ class CrdSchemas:
     raw: dict[tuple[str, str], dict[str, Any]]
     _validators: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
 
-    def kinds(self) -> list[str]:
-        """Sorted `apiVersion/kind` names this directory defines (for error messages)."""
-        return sorted(f"{api}, kind {kind}" for api, kind in self.raw)
-
     def validator(self, api_version: str, kind: str) -> Any | None:
         """A strict Draft 4 validator (OpenAPI 3.0 semantics) for the kind, or None if unknown."""
         key = (api_version, kind)
