@@ -89,7 +89,8 @@ class ResilientTrainer:
         ).remote(
             train_fn=self._fn, train_config=self._config, scaling=self.scaling_config,
             resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
-            env_vars=env)
+            env_vars=env, storage_path=self.run_config.storage_path,
+            storage_filesystem=self.run_config.storage_filesystem)
 
     def _wait(self, supervisor: Any) -> dict[str, Any]:
         run_ref = supervisor.run.remote()

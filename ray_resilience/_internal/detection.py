@@ -21,7 +21,7 @@ from ray_resilience._internal.state import FaultEvent
 
 log = logging.getLogger(__name__)
 
-ERROR_GRACE_S = 0.1
+ERROR_GRACE_S = 0.05
 """After a first error, how long to wait for peers' errors so the earliest one is reported."""
 
 

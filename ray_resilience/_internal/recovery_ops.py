@@ -46,6 +46,8 @@ class Recovery:
         if self.respawn:
             sup.group.replace(sorted(self.respawn), sup.cfg.in_job.replacement_timeout_s)
             sup.num_respawns += 1
+            if sup.checkpoints is not None:  # new nodes get writers; dead writers are replaced
+                sup.checkpoints.ensure_writers(sup.group.node_ids())
         sup.attempt += 1
         sup.record.expect_recovery(sup.attempt, self.fault_id)
         sup.launch_attempt()

@@ -32,6 +32,8 @@ class RunRecord:
         self._recovering: dict[int, str] = {}
         """attempt -> the fault it recovers from, until its first step completes."""
         self._load_seen: set[int] = set()
+        self.phases: list[dict[str, Any]] = []
+        """Every timed phase ranks reported (release_groups, init_process_group, checkpoint_load)."""
         self.loads: list[dict[str, Any]] = []
         """Every checkpoint load a rank reported (attempt, rank, tier, step, seconds)."""
 
@@ -43,6 +45,7 @@ class RunRecord:
         """Timed phases reported by a rank; the first checkpoint load of a recovery is recorded."""
         with self.lock:
             for ev in events:
+                self.phases.append({**ev, "attempt": attempt})
                 if ev.get("phase") != "checkpoint_load":
                     continue
                 self.loads.append({**ev, "attempt": attempt})

@@ -38,11 +38,15 @@ class Supervisor:
 
     def __init__(self, *, train_fn: Callable, train_config: Any, scaling: ScalingConfig,
                  resilience: ResilienceConfig, run_name: str, run_dir: str,
-                 env_vars: dict[str, str], checkpoint_service: Any = None) -> None:
+                 env_vars: dict[str, str], storage_path: str = "",
+                 storage_filesystem: Any = None) -> None:
         self._train_fn, self._train_config = train_fn, train_config
         self._scaling, self.cfg = scaling, resilience
         self.run_name, self._run_dir, self._env_vars = run_name, run_dir, env_vars
-        self.checkpoints = checkpoint_service
+        self._storage_path, self._storage_fs = storage_path, storage_filesystem
+        self.checkpoints: Any = None
+        self._commit_poll_at = 0.0
+        self._last_commit: int | None = None
         self._state = RunState.STARTING
         self.attempt = 0
         self.group: WorkerGroup | None = None
@@ -123,7 +127,15 @@ class Supervisor:
         self.group = WorkerGroup(self._scaling, self._train_fn, self._train_config, me,
                                  self._env_vars)
         self.group.start(self.cfg.placement_timeout_s)
-        self.record.start(time.time())
+        if self.cfg.checkpoint is not None:
+            from ray_resilience.checkpoint import CheckpointService
+
+            self.checkpoints = CheckpointService.start(
+                storage_path=self._storage_path, run_name=self.run_name,
+                storage_filesystem=self._storage_fs, world_size=self.group.world_size,
+                node_ids_by_rank=self.group.node_ids(), config=self.cfg.checkpoint)
+            self._last_commit = self.checkpoints.latest_committed_step()
+        self.record.start(time.time(), start_step=self._last_commit or 0)
         self.launch_attempt()
         self._set_state(RunState.RUNNING)
 
@@ -151,11 +163,23 @@ class Supervisor:
         self.futures = group.launch(specs)
 
     def _on_running(self) -> None:
+        self._poll_commits()
         fault = detection.poll(self)
         if fault is not None:
             self._on_fault(fault)
         elif not self.futures:
             self._set_state(RunState.FINISHED)
+
+    def _poll_commits(self, *, force: bool = False) -> None:
+        """Notes newly committed checkpoints in the timeline (a cheap call, at most 4 per second)."""
+        now = time.monotonic()
+        if self.checkpoints is None or (not force and now < self._commit_poll_at):
+            return
+        self._commit_poll_at = now + 0.25
+        step = self.checkpoints.latest_committed_step()
+        if step is not None and step != self._last_commit:
+            self._last_commit = step
+            self.record.timeline.checkpoint_committed(step, time.time())
 
     def record_outcome(self, outcome: Any) -> None:
         """Folds one rank's attempt outcome into the record (its last metrics, its return)."""
@@ -216,6 +240,11 @@ class Supervisor:
                 log.exception("worker group shutdown failed")
             self.group = None
         if self.checkpoints is not None:
+            try:
+                self._poll_commits(force=True)
+                self._checkpoint_stats = self.checkpoints.stats()
+            except Exception:  # noqa: BLE001 - stats are informative only
+                log.exception("checkpoint stats unavailable")
             self.checkpoints.shutdown()
 
     def _result(self) -> dict[str, Any]:
@@ -235,4 +264,8 @@ class Supervisor:
             "return_values": [self._returns.get(r) for r in range(self._scaling.num_workers)],
             "worker_pids": self._pids, "wall_s": (self._t_end or time.time()) - self._t_start,
             "goodput": goodput, "timeline": self.record.timeline,
+            "checkpoint": {"latest_committed_step": self._last_commit,
+                           "loads": self.record.loads, "phases": self.record.phases,
+                           "stats": getattr(self, "_checkpoint_stats", None)}
+            if self.checkpoints is not None else None,
         }

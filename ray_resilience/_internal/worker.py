@@ -24,7 +24,7 @@ from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec
 from ray_resilience._internal.errors_capture import describe
 from ray_resilience._internal.fault_injection import fire
 from ray_resilience._internal.interrupt import TrainingInterrupted, async_raise, cancel_async_raise
-from ray_resilience._internal.pg_teardown import teardown_process_groups
+from ray_resilience._internal.pg_teardown import freeze_startup_objects, teardown_process_groups
 from ray_resilience._internal.progress import ProgressForwarder
 
 
@@ -40,7 +40,8 @@ class Worker:
         self._interrupted = threading.Event()
         self._interrupt_lock = threading.Lock()
         self._interruptible = False
-        self._stale_groups = False
+        self._release_thread: threading.Thread | None = None
+        self._frozen = False
         self._aborter = CollectiveAborter()
         self._fired: set[str] = set()
         self._checkpointer: Any = None
@@ -79,12 +80,18 @@ class Worker:
 
     def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
         """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
-        self._release_process_groups()
+        t0 = time.time()
+        self._wait_released()
+        released = {"phase": "release_groups", "t_start": t0, "t_end": time.time()}
+        if not self._frozen:  # imports are done: keep them out of every later gc pass
+            freeze_startup_objects()
+            self._frozen = True
         self._attempt = spec.attempt
         self._interrupted.clear()
         self._ensure_checkpointer(spec)
         session = _Session(self._context(spec), checkpointer=self._checkpointer,
                            faults=self._fault_hook(spec))
+        session.events.append(released)
         box: dict[str, Any] = {}
         forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
                                       attempt=spec.attempt, interval_s=spec.progress_interval_s)
@@ -95,9 +102,11 @@ class Worker:
         self._thread.start()
         self._thread.join()
         metrics, step, step_time, saves, events = forwarder.stop()
-        # Process groups are released at the start of the next attempt (or at shutdown), not
-        # here: a failed rank reports at once instead of after destroying its groups.
-        self._stale_groups = True
+        # Process groups are released in the background, overlapping with the supervisor's
+        # recovery; the next attempt (or shutdown) waits for it. A failed rank reports at once.
+        self._release_thread = threading.Thread(target=self._release_groups, daemon=True,
+                                                name=f"rr-release-a{spec.attempt}")
+        self._release_thread.start()
         error = box.get("error")
         status = "interrupted" if self._interrupted.is_set() else ("failed" if error else "finished")
         return AttemptOutcome(
@@ -118,7 +127,7 @@ class Worker:
             self._interruptible = True
         try:
             try:
-                self._init_distributed(spec)
+                self._init_distributed(spec, session)
                 _set_session(session)
                 box["return"] = self._call_user_fn()
             finally:
@@ -136,18 +145,21 @@ class Worker:
             self._interruptible = False
             cancel_async_raise(threading.get_ident())
 
-    def _release_process_groups(self) -> None:
-        if self._stale_groups:
-            teardown_process_groups()
-            self._aborter.reset()
-            self._stale_groups = False
+    def _release_groups(self) -> None:
+        teardown_process_groups()
+        self._aborter.reset()
+
+    def _wait_released(self) -> None:
+        if self._release_thread is not None:
+            self._release_thread.join()
+            self._release_thread = None
 
     def _call_user_fn(self) -> Any:
         if inspect.signature(self._train_fn).parameters:
             return self._train_fn(self._train_config if self._train_config is not None else {})
         return self._train_fn()
 
-    def _init_distributed(self, spec: AttemptSpec) -> None:
+    def _init_distributed(self, spec: AttemptSpec, session: _Session) -> None:
         os.environ.update({
             "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size),
             "LOCAL_RANK": str(spec.local_rank), "LOCAL_WORLD_SIZE": str(spec.local_world_size),
@@ -158,12 +170,16 @@ class Worker:
             torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPU
         import datetime
 
+        t0 = time.time()
         self._aborter.snapshot_before_init(store_port=spec.master_port)
         dist.init_process_group(
             backend=spec.backend, init_method=spec.init_method, rank=spec.rank,
             world_size=spec.world_size,
             timeout=datetime.timedelta(seconds=spec.process_group_timeout_s))
         self._aborter.mark_initialized()
+        with session.lock:
+            session.events.append({"phase": "init_process_group", "t_start": t0,
+                                   "t_end": time.time()})
 
     def _fault_hook(self, spec: AttemptSpec) -> Callable[[int], None] | None:
         faults = [f for f in spec.faults if f.phase == "step"]
@@ -188,8 +204,14 @@ class Worker:
                        "step": step, "kind": fault.kind.value}), timeout=30)
 
     def _ensure_checkpointer(self, spec: AttemptSpec) -> None:
-        if spec.checkpoint_spec is None or self._checkpointer is not None:
+        """One checkpointer per process, rebuilt only when the writer or the rank changed."""
+        new = spec.checkpoint_spec
+        current = self._checkpointer
+        if new is None or (current is not None and current.spec.writer_id == new.writer_id
+                           and current.rank == spec.rank and current.world_size == spec.world_size):
             return
+        if current is not None:
+            current.close()
         from ray_resilience.checkpoint import RankCheckpointer
 
         self._checkpointer = RankCheckpointer(spec.checkpoint_spec, rank=spec.rank,
@@ -200,4 +222,4 @@ class Worker:
         if self._checkpointer is not None:
             self._checkpointer.close()
             self._checkpointer = None
-        self._release_process_groups()
+        self._wait_released()

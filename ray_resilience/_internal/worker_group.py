@@ -95,6 +95,9 @@ class WorkerGroup:
         """Starts one attempt on every rank; returns {run future: rank}."""
         return {self.actors[s.rank].run_attempt.remote(s): s.rank for s in specs}
 
+    def node_ids(self) -> list[str]:
+        return [item["node_id"] for item in self.info]
+
     def pids(self) -> list[int]:
         return [item["pid"] for item in self.info]
 
