@@ -37,6 +37,8 @@ class CheckpointConfig:
     """Retries of a failed storage write (S3 outage, network) before the save is given up."""
     storage_retry_backoff_s: float = 1.0
     """Wait before the first retry; doubles with every further retry."""
+    storage_retry_max_backoff_s: float = 30.0
+    """Cap on the wait between two retries."""
     write_timeout_s: float = 1800.0
     """Longest a rank waits for its writer to report a shard durable before giving the save up."""
     collective_timeout_s: float = 600.0
@@ -56,7 +58,7 @@ class CheckpointConfig:
         if self.memory_budget_bytes is not None:
             self._check_int("memory_budget_bytes", minimum=0,
                             fix="give a byte count, or None for no cap (memory_tier=False turns it off).")
-        for name in ("storage_retry_backoff_s", "write_timeout_s", "collective_timeout_s",
+        for name in ("storage_retry_backoff_s", "storage_retry_max_backoff_s", "write_timeout_s", "collective_timeout_s",
                      "warn_interval_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:

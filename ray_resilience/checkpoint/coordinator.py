@@ -103,7 +103,8 @@ class CommitCoordinator:
                                                     metadata=metadata, files=files),
                          what=f"committing step {step_dir.step}",
                          num_retries=self.config.num_storage_retries,
-                         backoff_s=self.config.storage_retry_backoff_s)
+                         backoff_s=self.config.storage_retry_backoff_s,
+                         max_backoff_s=self.config.storage_retry_max_backoff_s)
             except Exception as exc:  # noqa: BLE001 - the step stays uncommitted; training goes on
                 logger.warning("checkpoint step %d was not committed: %s", step_dir.step, exc)
                 self._counts["commit_failures"] += 1

@@ -143,7 +143,11 @@ class RankCheckpointer:
     def stats(self) -> dict[str, Any]:
         """This rank's counters: requested, staged, coalesced, skipped, durable, failed; recent
         blocking times and staged-to-durable latencies; last error."""
-        return {"rank": self.rank, "session": self._session, **self._stats.as_dict()}
+        with self._pipeline.cond:
+            pending, writing = self._pipeline.pending, self._pipeline.writing
+            slots = {"pending_step": pending.ticket.step if pending else None,
+                     "writing_step": writing.step if writing else None}
+        return {"rank": self.rank, "session": self._session, **slots, **self._stats.as_dict()}
 
     def close(self) -> None:
         """Stops the hand-off thread; a pending snapshot is dropped, a write in progress is left

@@ -165,6 +165,7 @@ def _fsync(path: str) -> None:
 
 
 def retrying(fn: Callable[[], T], *, what: str, num_retries: int, backoff_s: float,
+             max_backoff_s: float = 30.0,
              on_retry: Callable[[CheckpointStorageError, float], None] | None = None) -> T:
     """Calls `fn`, retrying transient storage errors with exponential backoff.
 
@@ -183,5 +184,5 @@ def retrying(fn: Callable[[], T], *, what: str, num_retries: int, backoff_s: flo
             if on_retry is not None:
                 on_retry(err, delay)
             time.sleep(delay)
-            delay *= 2
+            delay = min(delay * 2, max_backoff_s)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -85,7 +85,8 @@ class CheckpointWriter:
                 lambda: write_shard(self.storage, ticket, payload),
                 what=f"writing rank {ticket.rank}'s shard of step {ticket.step}",
                 num_retries=self.config.num_storage_retries,
-                backoff_s=self.config.storage_retry_backoff_s, on_retry=self._on_retry)
+                backoff_s=self.config.storage_retry_backoff_s,
+                max_backoff_s=self.config.storage_retry_max_backoff_s, on_retry=self._on_retry)
             del payload
         except Exception as exc:  # noqa: BLE001 - any failure loses this shard only
             self._fail(key, ticket, exc, time.time() - start)
