@@ -53,4 +53,7 @@ class Result:
             "metrics": self.metrics, "attempts": self.attempts, "faults": self.faults,
             "worker_pids": self.worker_pids, "wall_s": self.wall_s, "path": self.path,
             "num_reports": len(self.metrics_history),
+            "goodput_summary": None if self.goodput is None else {
+                "training_goodput": self.goodput.training_goodput,
+                "infra_goodput": self.goodput.infra_goodput},
         }

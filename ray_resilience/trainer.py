@@ -13,6 +13,7 @@ from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
 from ray_resilience.errors import ConfigError, RunAbortedError
 from ray_resilience.result import Result
 from ray_resilience._internal import storage
+from ray_resilience._internal.artifacts import write_run_artifacts
 from ray_resilience._internal.constants import (
     DEFAULT_SHUTDOWN_TIMEOUT_S, SUPERVISOR_MAX_CONCURRENCY, SUPERVISOR_NAME_PREFIX, forwarded_env)
 from ray_resilience._internal.display import ProgressDisplay
@@ -67,7 +68,7 @@ class ResilientTrainer:
             return_values=payload["return_values"], worker_pids=payload["worker_pids"],
             wall_s=payload["wall_s"], goodput=payload.get("goodput"),
             checkpoint=payload.get("checkpoint"))
-        storage.write_json(fs, posixpath.join(run_path, "results.json"), result.summary())
+        write_run_artifacts(fs, run_path, result)
         if self.run_config.verbose:
             ProgressDisplay(self.run_config.name).summary(result)
         return result

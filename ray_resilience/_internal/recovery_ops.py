@@ -49,7 +49,9 @@ class Recovery:
             if sup.checkpoints is not None:  # new nodes get writers; dead writers are replaced
                 sup.checkpoints.ensure_writers(sup.group.node_ids())
         sup.attempt += 1
-        sup.record.expect_recovery(sup.attempt, self.fault_id)
+        sup.record.expect_recovery(
+            sup.attempt, self.fault_id, cause=fault.cause, t_fault=t_fault, step=fault.step,
+            mechanism="respawn" if self.respawn else "in-process")
         sup.launch_attempt()
         t_launched = time.time()
         timeline.recovery_phase(self.fault_id, "rendezvous", t_torn, t_launched)

@@ -17,8 +17,10 @@ from ray_resilience.goodput import RunTimeline
 class RunRecord:
     """Aggregates per-rank reports into global steps and feeds the goodput timeline."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, metrics: Any = None) -> None:
         self.world_size = world_size
+        self.metrics = metrics
+        """RunMetrics exporter (Ray metrics API), or None."""
         self.timeline = RunTimeline()
         self.history: list[dict[str, Any]] = []
         self.lock = threading.RLock()
@@ -29,7 +31,7 @@ class RunRecord:
         self.last_step_by_attempt: dict[int, int] = {}
         self.fired: dict[str, dict[str, Any]] = {}
         """Injected faults that fired: id -> {rank, attempt, t, step, kind}."""
-        self._recovering: dict[int, str] = {}
+        self._recovering: dict[int, dict[str, Any]] = {}
         """attempt -> the fault it recovers from, until its first step completes."""
         self._load_seen: set[int] = set()
         self.phases: list[dict[str, Any]] = []
@@ -37,9 +39,10 @@ class RunRecord:
         self.loads: list[dict[str, Any]] = []
         """Every checkpoint load a rank reported (attempt, rank, tier, step, seconds)."""
 
-    def expect_recovery(self, attempt: int, fault_id: str) -> None:
+    def expect_recovery(self, attempt: int, fault_id: str, **fault: Any) -> None:
+        """`attempt` recovers from `fault_id` (cause, mechanism, t_fault, step) until its first step."""
         with self.lock:
-            self._recovering[attempt] = fault_id
+            self._recovering[attempt] = {"fault_id": fault_id, **fault}
 
     def add_events(self, attempt: int, events: list[dict[str, Any]]) -> None:
         """Timed phases reported by a rank; the first checkpoint load of a recovery is recorded."""
@@ -49,10 +52,10 @@ class RunRecord:
                 if ev.get("phase") != "checkpoint_load":
                     continue
                 self.loads.append({**ev, "attempt": attempt})
-                fault_id = self._recovering.get(attempt)
-                if fault_id is not None and attempt not in self._load_seen:
+                pending = self._recovering.get(attempt)
+                if pending is not None and attempt not in self._load_seen:
                     self._load_seen.add(attempt)
-                    self.timeline.recovery_phase(fault_id, "checkpoint_load", ev["t_start"],
+                    self.timeline.recovery_phase(pending["fault_id"], "checkpoint_load", ev["t_start"],
                                                  ev["t_end"], tier=ev.get("tier"))
 
     def start(self, t: float, start_step: int = 0) -> None:
@@ -77,9 +80,16 @@ class RunRecord:
         self.first_step_by_attempt.setdefault(attempt, (step, t))
         self.last_step_by_attempt[attempt] = max(step, self.last_step_by_attempt.get(attempt, step))
         self.timeline.step_completed(step, t, self.world_size)
-        fault_id = self._recovering.pop(attempt, None)
-        if fault_id is not None:
-            self.timeline.recovery_done(fault_id, t, resumed_from_step=step - 1)
+        if self.metrics is not None:
+            self.metrics.on_step(step)
+        pending = self._recovering.pop(attempt, None)
+        if pending is not None:
+            self.timeline.recovery_done(pending["fault_id"], t, resumed_from_step=step - 1)
+            if self.metrics is not None:
+                rollback = None if pending.get("step") is None else pending["step"] - (step - 1)
+                self.metrics.on_restart(pending.get("cause", "unknown"),
+                                        pending.get("mechanism", "unknown"),
+                                        t - pending.get("t_fault", t), rollback)
 
     def add_saves(self, attempt: int, saves: list[tuple[int, float]], t: float) -> None:
         """Checkpoint blocking times of one rank; recorded once every rank saved that step."""
@@ -93,6 +103,8 @@ class RunRecord:
                     continue
                 self._saves.pop(key, None)
                 self.timeline.checkpoint_saved(step, t, worst)
+                if self.metrics is not None:
+                    self.metrics.on_checkpoint(step, blocking_s=worst, committed=False)
 
     def fault_fired(self, fault_id: str, info: dict[str, Any]) -> None:
         with self.lock:

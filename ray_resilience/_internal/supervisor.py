@@ -26,6 +26,7 @@ from ray_resilience._internal.constants import DEFAULT_SHUTDOWN_TIMEOUT_S, SHUTD
 from ray_resilience._internal.policy import decide
 from ray_resilience._internal.rank_status import RankStatus
 from ray_resilience._internal.recovery_ops import Recovery
+from ray_resilience._internal.metrics import RunMetrics
 from ray_resilience._internal.run_record import RunRecord
 from ray_resilience._internal.state import FaultEvent, RunState
 from ray_resilience._internal.worker_group import WorkerGroup
@@ -52,7 +53,7 @@ class Supervisor:
         self.group: WorkerGroup | None = None
         self.futures: dict[Any, int] = {}
         self.ranks = {r: RankStatus(r) for r in range(scaling.num_workers)}
-        self.record = RunRecord(scaling.num_workers)
+        self.record = RunRecord(scaling.num_workers, RunMetrics(run_name))
         self._returns: dict[int, Any] = {}
         self.faults: list[FaultEvent] = []
         self._recovery: Recovery | None = None
@@ -180,6 +181,7 @@ class Supervisor:
         if step is not None and step != self._last_commit:
             self._last_commit = step
             self.record.timeline.checkpoint_committed(step, time.time())
+            self.record.metrics.on_checkpoint(step, committed=True)
 
     def record_outcome(self, outcome: Any) -> None:
         """Folds one rank's attempt outcome into the record (its last metrics, its return)."""
@@ -254,6 +256,7 @@ class Supervisor:
                                           self.record.global_step or 0)
         try:
             goodput = compute_goodput(self.record.timeline)
+            self.record.metrics.on_goodput(goodput)
         except Exception:  # noqa: BLE001 - accounting must never fail a finished run
             log.exception("goodput accounting failed")
             goodput = None

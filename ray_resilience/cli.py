@@ -1,0 +1,83 @@
+"""`ray-resilience` / `python -m ray_resilience`: the main job, benchmarks and tools.
+
+    ray-resilience train [job args]          # jobs/train_llama_fsdp.py (see --help)
+    ray-resilience bench-recovery [args]     # jobs/bench_recovery.py
+    ray-resilience bench-checkpoint [args]   # jobs/bench_checkpoint.py
+    ray-resilience validate-manifests [DIR]  # KubeRay manifests against the CRDs and our rules
+    ray-resilience show RUN_DIR              # a finished run's summary and goodput table
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+
+JOBS = {"train": "train_llama_fsdp.py", "bench-recovery": "bench_recovery.py",
+        "bench-checkpoint": "bench_checkpoint.py"}
+
+
+def _jobs_dir() -> str:
+    """jobs/ of the source checkout this package runs from (or $RAY_RESILIENCE_JOBS_DIR)."""
+    env = os.environ.get("RAY_RESILIENCE_JOBS_DIR")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
+
+
+def _run_job(name: str, argv: list[str]) -> int:
+    path = os.path.join(_jobs_dir(), JOBS[name])
+    if not os.path.exists(path):
+        print(f"{path} not found: run from a source checkout or set RAY_RESILIENCE_JOBS_DIR",
+              file=sys.stderr)
+        return 2
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    return 0
+
+
+def _show(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: ray-resilience show RUN_DIR", file=sys.stderr)
+        return 2
+    path = os.path.join(argv[0], "results.json")
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except FileNotFoundError:
+        print(f"{path} not found: is {argv[0]!r} a run folder (<storage_path>/<name>)?", file=sys.stderr)
+        return 2
+    summary = {k: results.get(k) for k in ("state", "error", "metrics", "attempts", "wall_s")}
+    print(json.dumps(summary, indent=2, default=str))
+    table = os.path.join(argv[0], "goodput.txt")
+    if os.path.exists(table):
+        with open(table) as f:
+            print(f.read())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command in JOBS:
+        return _run_job(command, rest)
+    if command == "validate-manifests":
+        from ray_resilience.deploy import main as validate
+
+        return validate(rest)
+    if command == "show":
+        return _show(rest)
+    print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
