@@ -28,10 +28,15 @@ class _DigestStream:
 
     def __init__(self, out: Any) -> None:
         self._out, self.size, self.crc32 = out, 0, 0
+        self.error: BaseException | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._out.write(view)
+        try:
+            self._out.write(view)
+        except BaseException as exc:
+            self.error = exc  # torch.save's zip writer replaces it with a vague RuntimeError
+            raise
         self.crc32 = zlib.crc32(view, self.crc32)
         self.size += len(view)
         return len(view)
@@ -55,6 +60,15 @@ def as_tensor(array: np.ndarray, item: WriteItem) -> torch.Tensor:
     return flat.view(item.tensor_data.properties.dtype).view(item.tensor_data.chunk.sizes)
 
 
+def _save_tensor(tensor: torch.Tensor, stream: _DigestStream) -> None:
+    try:
+        torch.save(tensor, stream)
+    except Exception:
+        if stream.error is not None:
+            raise stream.error from None  # the storage error (disk full, network), not torch's
+        raise
+
+
 def write_shard(storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPayload,
                 ) -> tuple[dict[str, FileDigest], list[WriteItem], dict[MetadataIndex, _StorageInfo]]:
     """Writes the rank's data and extra files; returns their digests, the items written and
@@ -72,7 +86,7 @@ def write_shard(storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPa
                 continue
             offset = stream.size
             if is_tensor_item(item):
-                torch.save(as_tensor(data, item), stream)
+                _save_tensor(as_tensor(data, item), stream)
             else:
                 stream.write(data)
             written.append(item)
