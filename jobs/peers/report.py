@@ -1,0 +1,134 @@
+"""The benchmark's output: one table, `results.json`, and the comparison pictures.
+
+One row per (mechanism, checkpoint interval). Every number comes from `compute_goodput` on the
+run's timeline with the same mechanism's fault-free steady step time, so rows are comparable.
+Rows that did not run say why (unavailable, skipped, failed) instead of showing numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ray_resilience._internal.timeline_plot import plot_comparison
+from ray_resilience.goodput import GoodputReport
+
+BASELINE = "ray-train"
+
+
+@dataclasses.dataclass(kw_only=True)
+class Row:
+    """One (mechanism, interval) result of the benchmark."""
+
+    mechanism: str
+    label: str
+    """Which interval rule chose it: "best", "quarter", or "given"."""
+    checkpoint_interval: int | None
+    status: str
+    error: str | None = None
+    report: GoodputReport | None = None
+    params_equal: bool | None = None
+    """Final parameters bit-equal to the same mechanism's fault-free run (None: not compared)."""
+    params_max_abs_diff: float | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    run_dir: str = ""
+
+
+def speedups(rows: Sequence[Row]) -> dict[tuple[str, str], float | None]:
+    """Ray Train's recovery p50 divided by each row's (same interval label): "x times faster"."""
+    base = {r.label: r.report.recovery_p50_s for r in rows
+            if r.mechanism == BASELINE and r.report is not None}
+    out: dict[tuple[str, str], float | None] = {}
+    for row in rows:
+        mine = row.report.recovery_p50_s if row.report is not None else None
+        theirs = base.get(row.label)
+        out[(row.mechanism, row.label)] = theirs / mine if theirs and mine else None
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _sec(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _params(row: Row) -> str:
+    if row.params_equal is None:
+        return "-"
+    return "bit-equal" if row.params_equal else f"DIFFERS (max {row.params_max_abs_diff:.2e})"
+
+
+def table(rows: Sequence[Row], title: str) -> Table:
+    """The one table the benchmark prints."""
+    out = Table(title=title, title_justify="left")
+    for header in ("mechanism", "ckpt every", "status", "training goodput", "infra goodput",
+                   "recovery p50", "recovery max", "steps redone", "p50 vs Ray Train",
+                   "final params"):
+        out.add_column(header, justify="left" if header == "mechanism" else "right")
+    ratios = speedups(rows)
+    for row in rows:
+        every = "-" if row.checkpoint_interval is None else f"{row.checkpoint_interval} ({row.label})"
+        report = row.report
+        if row.status != "ok" or report is None:
+            out.add_row(row.mechanism, every, f"[yellow]{row.status}[/] (see below)",
+                        *["-"] * 6, _params(row))
+            continue
+        ratio = ratios.get((row.mechanism, row.label))
+        out.add_row(
+            row.mechanism, every, "ok", _pct(report.training_goodput),
+            _pct(report.infra_goodput),
+            _sec(report.recovery_p50_s), _sec(report.recovery_max_s),
+            str(report.steps_redone_total), "-" if ratio is None else f"{ratio:.1f}x faster",
+            _params(row))
+    return out
+
+
+def print_table(rows: Sequence[Row], title: str, console: Console | None = None) -> None:
+    """The table, then one line per row that did not produce numbers, saying why."""
+    console = console or Console(width=200)
+    console.print(table(rows, title))
+    for row in rows:
+        if row.status != "ok" or row.report is None:
+            console.print(f"  {row.mechanism}: {row.status}: {row.error}", markup=False)
+
+
+def row_dict(row: Row, ratio: float | None) -> dict[str, Any]:
+    data = {f.name: getattr(row, f.name) for f in dataclasses.fields(row) if f.name != "report"}
+    data["recovery_p50_speedup_vs_ray_train"] = ratio
+    data["goodput"] = None if row.report is None else row.report.to_dict(include_timeline=True)
+    return data
+
+
+def write_results(out_dir: str, config: dict[str, Any], rows: Sequence[Row],
+                  references: dict[str, dict[str, Any]]) -> str:
+    """`results.json`: the configuration, the plan, each mechanism's fault-free reference
+    (steady step time, save cost, chosen intervals) and every row with its full report."""
+    ratios = speedups(rows)
+    data = {"config": config, "references": references,
+            "rows": [row_dict(r, ratios.get((r.mechanism, r.label))) for r in rows]}
+    path = os.path.join(out_dir, "results.json")
+    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, default=str)
+    os.replace(f"{path}.tmp", path)
+    return path
+
+
+def write_plots(out_dir: str, rows: Sequence[Row]) -> list[str]:
+    """One comparison PNG per interval label: step vs wall time, faults marked."""
+    paths = []
+    for label in dict.fromkeys(r.label for r in rows):
+        runs = {f"{r.mechanism} (ckpt every {r.checkpoint_interval})": r.report
+                for r in rows if r.label == label and r.report is not None}
+        if runs:
+            path = os.path.join(out_dir, f"comparison_{label}.png")
+            plot_comparison(runs, path, title=f"recovery benchmark, checkpoint interval: {label}")
+            paths.append(path)
+    return paths
