@@ -53,7 +53,8 @@ class ResilientTrainer:
         """Runs to completion (or failure) and returns the `Result`. Starts Ray if needed."""
         if not ray.is_initialized():
             ray.init()
-        check_cluster_can_host(self.scaling_config)
+        in_job = self.resilience.in_job
+        check_cluster_can_host(self.scaling_config, in_job.num_spares if in_job is not None else 0)
         fs, base = storage.resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
         run_path = posixpath.join(base, self.run_config.name)
         storage.check_writable(fs, run_path, field="RunConfig.storage_path",

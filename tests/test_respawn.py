@@ -78,3 +78,15 @@ def test_dead_rank_without_in_job_fails_the_run(ray_session, token_data_dir, tmp
                           resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(),
                                                          fault_plan=plan))
     assert isinstance(result.error, rr.WorkerDiedError) and result.error.ranks == [1]
+
+
+@pytest.mark.timeout(240)
+def test_warm_spare_takes_over(clean, token_data_dir, tmp_path):
+    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="sigkill")])
+    result = workload.fit(token_data_dir, str(tmp_path), "spare", max_steps=STEPS,
+                          resilience=_resilience(plan, num_spares=1))
+    assert result.ok, result.error
+    recovery = result.goodput.faults[0]
+    assert recovery.recovery_s is not None
+    for r in range(2):
+        workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])

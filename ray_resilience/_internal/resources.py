@@ -24,7 +24,7 @@ def bundles_that_fit(bundle: dict[str, float], nodes: list[dict[str, float]]) ->
     return total
 
 
-def check_cluster_can_host(scaling: ScalingConfig) -> None:
+def check_cluster_can_host(scaling: ScalingConfig, num_spares: int = 0) -> None:
     """Raises before any actor starts if the request cannot be satisfied by this cluster.
 
     Set RAY_RESILIENCE_ALLOW_PENDING_RESOURCES=1 on autoscaling clusters, where capacity that
@@ -40,11 +40,12 @@ def check_cluster_can_host(scaling: ScalingConfig) -> None:
         return
     bundle = scaling.bundle
     fit = bundles_that_fit(bundle, nodes)
-    if fit < scaling.num_workers:
-        asked = {k: v * scaling.num_workers for k, v in bundle.items()}
+    if fit < scaling.num_workers + num_spares:
+        asked = {k: v * (scaling.num_workers + num_spares) for k, v in bundle.items()}
         available = {k: totals.get(k, 0.0) for k in bundle}
         raise InsufficientResourcesError(
             "ScalingConfig.num_workers", scaling.num_workers, asked, available,
-            f"At most {fit} workers of {bundle} fit on the current nodes. Lower num_workers or "
-            f"resources_per_worker, add nodes, or on an autoscaling cluster set "
+            f"At most {fit} workers of {bundle} fit on the current nodes ({num_spares} of those "
+            f"asked for are warm spares, InJobConfig.num_spares). Lower num_workers, num_spares "
+            f"or resources_per_worker, add nodes, or on an autoscaling cluster set "
             f"{ALLOW_PENDING_RESOURCES_ENV_VAR}=1.")

@@ -125,8 +125,9 @@ class Supervisor:
 
     def _on_starting(self) -> None:
         me = ray.get_runtime_context().current_actor
+        spares = self.cfg.in_job.num_spares if self.cfg.in_job is not None else 0
         self.group = WorkerGroup(self._scaling, self._train_fn, self._train_config, me,
-                                 self._env_vars)
+                                 self._env_vars, num_spares=spares)
         self.group.start(self.cfg.placement_timeout_s)
         if self.cfg.checkpoint is not None:
             from ray_resilience.checkpoint import CheckpointService

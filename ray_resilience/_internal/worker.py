@@ -42,6 +42,8 @@ class Worker:
         self._interruptible = False
         self._release_thread: threading.Thread | None = None
         self._frozen = False
+        self._setup_lock = threading.Lock()
+        """Held by prewarm(); run_attempt() waits for it (never two imports racing)."""
         self._aborter = CollectiveAborter()
         self._fired: set[str] = set()
         self._checkpointer: Any = None
@@ -54,6 +56,25 @@ class Worker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def prewarm(self) -> None:
+        """Imports what every attempt needs and freezes start-up objects out of the collector.
+
+        Called on warm spares right after they start, so that a spare taking over a dead rank
+        skips this (~1 s on a busy 2-core machine). Safe to call more than once.
+        """
+        with self._setup_lock:
+            if self._frozen:
+                return
+            import torch.distributed.checkpoint  # noqa: F401
+            import torch.distributed.fsdp  # noqa: F401
+            import torch.distributed.tensor  # noqa: F401
+
+            import ray_resilience.checkpoint  # noqa: F401
+
+            _warm_fsdp(self.free_port())
+            freeze_startup_objects()
+            self._frozen = True
 
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -83,9 +104,10 @@ class Worker:
         t0 = time.time()
         self._wait_released()
         released = {"phase": "release_groups", "t_start": t0, "t_end": time.time()}
-        if not self._frozen:  # imports are done: keep them out of every later gc pass
-            freeze_startup_objects()
-            self._frozen = True
+        with self._setup_lock:
+            if not self._frozen:  # imports are done: keep them out of every later gc pass
+                freeze_startup_objects()
+                self._frozen = True
         self._attempt = spec.attempt
         self._interrupted.clear()
         self._ensure_checkpointer(spec)
@@ -223,3 +245,25 @@ class Worker:
             self._checkpointer.close()
             self._checkpointer = None
         self._wait_released()
+
+
+def _warm_fsdp(port: int) -> None:
+    """One FSDP2 step on a private single-rank gloo group, then everything released.
+
+    The first fully_shard, DTensor dispatch and optimizer step in a process pay for lazy
+    imports and caches; a spare pays them before it is needed. Touches no user code, and runs
+    only while no attempt runs in this process (it uses the default group).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        fully_shard(model[0])
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.ones(2, 8)).sum().backward()
+        optimizer.step()
+        del model, optimizer
+    finally:
+        teardown_process_groups(count_meshes=False)

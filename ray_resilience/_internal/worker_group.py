@@ -22,23 +22,30 @@ class WorkerGroup:
     """Owns the placement group and one actor per rank (bundle i hosts rank i)."""
 
     def __init__(self, scaling: ScalingConfig, train_fn: Callable, train_config: Any,
-                 supervisor: Any, env_vars: dict[str, str]) -> None:
-        self.scaling = scaling
+                 supervisor: Any, env_vars: dict[str, str], num_spares: int = 0) -> None:
+        self.scaling, self.num_spares = scaling, num_spares
         self._train_fn, self._train_config = train_fn, train_config
         self._supervisor, self._env_vars = supervisor, env_vars
         self.pg = None
         self.actors: list[Any] = []
         self.info: list[dict[str, Any]] = []
+        self.bundle_of: list[int] = []
+        """Placement-group bundle hosting each rank (a spare that took over keeps its own)."""
+        self.spares: list[tuple[Any, int, Any]] = []
+        """Warm spare actors: (actor, bundle index, pending info() ref)."""
 
     @property
     def world_size(self) -> int:
         return self.scaling.num_workers
 
     def start(self, placement_timeout_s: float) -> None:
-        self.pg = placement_group([self.scaling.bundle] * self.world_size,
+        self.pg = placement_group([self.scaling.bundle] * (self.world_size + self.num_spares),
                                   strategy=self.scaling.placement_strategy)
         self._wait_placement(placement_timeout_s)
         self.actors = [self._new_actor(rank) for rank in range(self.world_size)]
+        self.bundle_of = list(range(self.world_size))
+        for bundle in range(self.world_size, self.world_size + self.num_spares):
+            self._add_spare(bundle)
         self.info = ray.get([a.info.remote() for a in self.actors], timeout=120)
 
     def _wait_placement(self, timeout_s: float) -> None:
@@ -59,17 +66,22 @@ class WorkerGroup:
             log.warning("waiting for resources for %d ranks (%s each); available now: %s",
                         self.world_size, self.scaling.bundle, ray.available_resources())
 
-    def _new_actor(self, rank: int) -> Any:
+    def _add_spare(self, bundle: int) -> None:
+        actor = self._new_actor(bundle)
+        actor.prewarm.remote()
+        self.spares.append((actor, bundle, actor.info.remote()))
+
+    def _new_actor(self, bundle_index: int) -> Any:
         bundle = self.scaling.bundle
         options: dict[str, Any] = {
             "num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0),
             "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
             "max_concurrency": WORKER_MAX_CONCURRENCY,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=rank),
-            "runtime_env": {"env_vars": self._env_vars},
-            "name": None,
+                placement_group=self.pg, placement_group_bundle_index=bundle_index),
         }
+        if self._env_vars:  # an actor-level runtime_env rules out Ray's prestarted workers
+            options["runtime_env"] = {"env_vars": self._env_vars}
         return ray.remote(Worker).options(**options).remote(
             self._train_fn, self._train_config, self._supervisor)
 
@@ -103,12 +115,13 @@ class WorkerGroup:
 
     def shutdown(self, timeout_s: float) -> None:
         """Asks ranks to release resources, then kills the actors and removes the group."""
-        if self.actors:
-            refs = [a.shutdown.remote() for a in self.actors]
+        everyone = self.actors + [spare for spare, _, _ in self.spares]
+        if everyone:
+            refs = [a.shutdown.remote() for a in everyone]
             ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-            for actor in self.actors:
+            for actor in everyone:
                 ray.kill(actor, no_restart=True)
-        self.actors = []
+        self.actors, self.spares = [], []
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
@@ -124,9 +137,17 @@ class WorkerGroup:
 
     def replace(self, ranks: list[int], timeout_s: float) -> None:
         """New actors for `ranks` in their bundles; waits until they answer (capacity may return)."""
+        refs: dict[Any, int] = {}
         for rank in ranks:
-            self.actors[rank] = self._new_actor(rank)
-        refs = {self.actors[r].info.remote(): r for r in ranks}
+            freed = self.bundle_of[rank]
+            if self.spares:  # a warm spare takes over; a new spare starts in the freed bundle
+                actor, bundle, info_ref = self.spares.pop(0)
+                self.actors[rank], self.bundle_of[rank] = actor, bundle
+                refs[info_ref] = rank
+                self._add_spare(freed)
+            else:
+                self.actors[rank] = self._new_actor(freed)
+                refs[self.actors[rank].info.remote()] = rank
         deadline = time.monotonic() + timeout_s
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=len(refs),
