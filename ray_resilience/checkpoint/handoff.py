@@ -5,6 +5,10 @@ the pending one to the node-local writer when the previous one is durable: `ray.
 staging buffers (the rank's object), `writer.receive` (the writer copies it into an object it
 owns, so it outlives this process), then `writer.wait` until the shard is durable or given up.
 The training thread never waits for any of this unless the policy is `block`.
+
+`ray.put` gets numpy views of the staging buffers, which Ray copies into the object store (torch
+tensors would be copied too, unless RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1 made the object alias
+them). That copy runs here, off the training thread, and frees the buffers for the next save.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class HandoffPipeline:
         self.writing: SaveTicket | None = None
         self._free: list[StagingBuffers] = []
         self._num_buffer_sets = 0
+        self.staging_bytes = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"rr-ckpt-handoff-r{rank}", daemon=True)
         self._thread.start()
@@ -91,10 +96,12 @@ class HandoffPipeline:
             if buffers.matches(items):
                 return self._free.pop(i)
         while self._free and self._num_buffer_sets >= MAX_BUFFER_SETS:
-            self._free.pop()  # the state's structure changed: drop a stale set
+            self.staging_bytes -= self._free.pop().nbytes  # structure changed: drop a stale set
             self._num_buffer_sets -= 1
+        buffers = StagingBuffers(items, sources)
         self._num_buffer_sets += 1
-        return StagingBuffers(items, sources)
+        self.staging_bytes += buffers.nbytes
+        return buffers
 
     def set_pending(self, staged: Staged) -> None:
         self.pending = staged

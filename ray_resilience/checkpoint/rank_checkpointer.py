@@ -49,6 +49,7 @@ class RankCheckpointer:
         self._pipeline = HandoffPipeline(rank=rank, config=spec.config, link=link, stats=self._stats)
         self._session: str | None = None
         self._plan: _Plan | None = None
+        self._blob_cache: dict[str, tuple[Any, bytes]] = {}
         self._closed = False
 
     # --- saving -----------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class RankCheckpointer:
         if action == "replace":
             self._stats.counts["coalesced"] += 1
         plan = self._plan
-        tensors, blobs = state.sources(plan.items)
+        tensors, blobs = state.sources(plan.items, self._blob_cache)
         buffers = pipeline.buffers_for(plan.items, tensors, replace_pending=action == "replace")
         buffers.fill(tensors)
         ticket = SaveTicket(session=self._session, step=step, rank=self.rank, world_size=self.world_size,
@@ -146,7 +147,8 @@ class RankCheckpointer:
         with self._pipeline.cond:
             pending, writing = self._pipeline.pending, self._pipeline.writing
             slots = {"pending_step": pending.ticket.step if pending else None,
-                     "writing_step": writing.step if writing else None}
+                     "writing_step": writing.step if writing else None,
+                     "staging_bytes": self._pipeline.staging_bytes}
         return {"rank": self.rank, "session": self._session, **slots, **self._stats.as_dict()}
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ tensors: the buffers keep the values of the save.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 from typing import Any
@@ -54,16 +55,31 @@ class CapturedState:
         plan = self.planner.create_local_plan()
         return list(plan.items), dict(plan.planner_data or {})
 
-    def sources(self, items: list[WriteItem]) -> tuple[list[torch.Tensor], list[bytes]]:
-        """The live local tensors of the tensor items, and the serialized byte items."""
+    def sources(self, items: list[WriteItem], blob_cache: dict[str, tuple[Any, bytes]] | None = None,
+                ) -> tuple[list[torch.Tensor], list[bytes]]:
+        """The live local tensors of the tensor items, and the serialized byte items (reused
+        from `blob_cache` while a value is unchanged: torch.save of each costs ~0.2 ms)."""
         tensors, blobs = [], []
+        cache = {} if blob_cache is None else blob_cache
         for item in items:
-            data = self.planner.resolve_data(item)
             if is_tensor_item(item):
-                tensors.append(data.detach())
-            else:
-                blobs.append(data.getvalue() if isinstance(data, io.BytesIO) else bytes(data))
+                tensors.append(self.planner.resolve_data(item).detach())
+                continue
+            value = self.planner.lookup_object(item.index)
+            cached = cache.get(item.index.fqn)
+            if cached is None or type(cached[0]) is not type(value) or not _same(cached[0], value):
+                buffer = io.BytesIO()
+                torch.save(value, buffer)
+                cached = cache[item.index.fqn] = (copy.deepcopy(value), buffer.getvalue())
+            blobs.append(cached[1])
         return tensors, blobs
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a plain equality are re-serialized
+        return False
 
 
 def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> CapturedState:
