@@ -104,16 +104,16 @@ def test_event_files_and_ledger_round_trip(tmp_path) -> None:
 
 
 def test_a_fault_fires_once_even_when_its_step_is_trained_again(tmp_path) -> None:
-    from peers.workload import _fire_due_faults
+    from peers.workload import fire_due_faults
 
     plan = FaultPlan.explicit([Fault(step=4, rank=1, kind="exception")])
     workload = Workload(max_steps=10, checkpoint_interval=2, data_dir=str(tmp_path),
                         run_dir=str(tmp_path), fault_plan=plan)
     ledger = FaultLedger(str(tmp_path))
-    _fire_due_faults(workload, ledger, rank=0, step=4)  # not this rank's fault
+    fire_due_faults(workload, ledger, rank=0, step=4)  # not this rank's fault
     with pytest.raises(InjectedFault):
-        _fire_due_faults(workload, ledger, rank=1, step=4)
-    _fire_due_faults(workload, ledger, rank=1, step=4)  # after the rollback: no second firing
+        fire_due_faults(workload, ledger, rank=1, step=4)
+    fire_due_faults(workload, ledger, rank=1, step=4)  # after the rollback: no second firing
     assert len(ledger.records()) == 1
 
 

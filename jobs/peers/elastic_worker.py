@@ -17,6 +17,7 @@ import time
 
 _T_PROCESS = time.time()  # first statement: the rank's process start, before the torch import
 
+# The imports come after that timestamp on purpose (torch takes seconds to import).
 import argparse
 import os
 from collections.abc import Callable

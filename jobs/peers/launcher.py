@@ -9,6 +9,7 @@ ended as a whole group: ours, by its id, never by name.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import IO
 
 from .events import EventLog
 from .spec import PeerRun, Workload
@@ -42,7 +44,7 @@ def tool(name: str) -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def _pump(stream, log_path: str, events: EventLog, source: str,
+def _pump(stream: IO[str], log_path: str, events: EventLog, source: str,
           detect: re.Pattern[str]) -> None:
     with open(log_path, "a", encoding="utf-8") as out:
         for line in iter(stream.readline, ""):
@@ -82,6 +84,67 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
+@dataclasses.dataclass
+class Logged:
+    """A child process whose output is being stamped and saved by a pump thread."""
+
+    name: str
+    proc: subprocess.Popen
+    pump: threading.Thread
+
+
+def start_logged(name: str, command: Sequence[str], workload: Workload, *,
+                 detect: re.Pattern[str] | None, env: dict[str, str] | None = None) -> Logged:
+    """Start `command` in its own session with output to `<run_dir>/<name>.log`; lines that
+    match `detect` become `detect` events (source: the run's mechanism folder name)."""
+    proc = subprocess.Popen(
+        list(command), cwd=workload.run_dir, env=env or child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    pump = threading.Thread(
+        target=_pump, daemon=True, name=f"{name}-log",
+        args=(proc.stdout, os.path.join(workload.run_dir, f"{name}.log"),
+              EventLog(workload.run_dir, name), name, detect or re.compile(r"(?!)")))
+    pump.start()
+    return Logged(name=name, proc=proc, pump=pump)
+
+
+def wait_all(children: Sequence[Logged], timeout_s: float) -> tuple[list[int], str | None]:
+    """Wait for every child under one deadline; on timeout (or Ctrl-C) kill them all, trees
+    included. Returns (exit codes, error or None)."""
+    deadline, error = time.monotonic() + timeout_s, None
+    try:
+        for child in children:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        error = f"timed out after {timeout_s:.0f} s (see the *.log files in the run folder)"
+    except BaseException:  # Ctrl-C of the benchmark: leave no ranks behind
+        stop(children)
+        raise
+    stop(children)
+    for child in children:
+        child.pump.join(timeout=10)
+    return [c.proc.returncode for c in children], error
+
+
+def stop(children: Sequence[Logged]) -> None:
+    """Kill whatever of `children` still runs (a lighthouse, a launcher after a timeout)."""
+    for child in children:
+        if child.proc.poll() is None:
+            _kill_tree(child.proc.pid)
+            child.proc.wait()
+
+
+def collect(run: PeerRun, workload: Workload, t_start: float) -> PeerRun:
+    """Fill in the timeline (from the ranks' event logs) and the final parameters."""
+    run.timeline, observed = build_timeline(
+        workload.run_dir, world_size=workload.world_size, t_start=t_start)
+    run.notes.extend(observed)
+    run.final_params = read_final_params(workload.run_dir)
+    if run.final_params is None and run.status == "ok":
+        run.status, run.error = "failed", "rank 0 never wrote the final parameters"
+    return run
+
+
 def run_launcher(
     mechanism: str, command: Sequence[str], workload: Workload, *,
     detect: re.Pattern[str], timeout_s: float, notes: Sequence[str] = (),
@@ -94,35 +157,13 @@ def run_launcher(
     run = PeerRun(mechanism=mechanism, checkpoint_interval=workload.checkpoint_interval,
                   faulty=len(workload.fault_plan) > 0, run_dir=workload.run_dir,
                   notes=list(notes))
-    events = EventLog(workload.run_dir, "launcher")
     t_start = time.time()
-    proc = subprocess.Popen(
-        list(command), cwd=workload.run_dir, env=child_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-    pump = threading.Thread(
-        target=_pump, daemon=True, name=f"{mechanism}-log",
-        args=(proc.stdout, os.path.join(workload.run_dir, "launcher.log"), events, mechanism,
-              detect))
-    pump.start()
-    try:
-        returncode = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
-        returncode = proc.wait()
-        run.error = f"timed out after {timeout_s:.0f} s (see {workload.run_dir}/launcher.log)"
-    except BaseException:  # Ctrl-C of the benchmark: leave no ranks behind
-        _kill_tree(proc.pid)
-        raise
-    pump.join(timeout=10)
-    run.timeline, observed = build_timeline(
-        workload.run_dir, world_size=workload.world_size, t_start=t_start)
-    run.notes.extend(observed)
-    run.final_params = read_final_params(workload.run_dir)
-    if returncode != 0 or run.final_params is None:
+    launcher = start_logged("launcher", command, workload, detect=detect)
+    (returncode,), error = wait_all([launcher], timeout_s)
+    if error is not None or returncode != 0:
         run.status = "failed"
-        run.error = run.error or (
-            f"launcher exited with {returncode}; see {workload.run_dir}/launcher.log")
-    return run
+        run.error = error or f"launcher exited with {returncode}; see {workload.run_dir}/launcher.log"
+    return collect(run, workload, t_start)
 
 
 def elastic_args(workload: Workload, max_restarts: int) -> list[str]:

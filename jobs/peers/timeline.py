@@ -49,8 +49,8 @@ def events_to_timeline(
     timeline.run_started(t_start, world_size)
     lead = [e for e in events if e.get("rank") == LEAD_RANK]
     steps = _of(lead, "step")
-    for e in steps:
-        timeline.step_completed(e["step"], e["t"], world_size)
+    for e in steps:  # "world": participating ranks, where a mechanism can train with fewer
+        timeline.step_completed(e["step"], e["t"], e.get("world", world_size))
     for e in _of(lead, "save"):
         timeline.checkpoint_saved(e["step"], e["t"], e["blocking_s"], tier="storage")
     for e in _of(events, "commit"):

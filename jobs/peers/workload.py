@@ -88,7 +88,7 @@ def train(
     data = TokenDataset(workload.data_dir)
     ledger = FaultLedger(workload.run_dir)
     for step in range(start + 1, workload.max_steps + 1):
-        _fire_due_faults(workload, ledger, rank, step)
+        fire_due_faults(workload, ledger, rank, step)
         inputs, targets = data.batch(step - 1, rank, world_size, workload.batch_size)
         loss = causal_lm_loss(model(inputs), targets)
         loss.backward()
@@ -107,7 +107,7 @@ def train(
     return workload.max_steps
 
 
-def _fire_due_faults(workload: Workload, ledger: FaultLedger, rank: int, step: int) -> None:
+def fire_due_faults(workload: Workload, ledger: FaultLedger, rank: int, step: int) -> None:
     """Fire the faults planned for (rank, step) that have not fired in an earlier attempt."""
     due = workload.fault_plan.for_rank_step(rank, step)
     if not due:
