@@ -8,6 +8,7 @@ import posixpath
 from typing import Any, Callable
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
 from ray_resilience.errors import ConfigError, RunAbortedError
@@ -85,8 +86,12 @@ class ResilientTrainer:
             raise ConfigError("RunConfig.name", self.run_config.name,
                               "a run with this name is already running in this Ray namespace; "
                               "wait for it, or choose another name.")
+        # Next to the driver (the head node under `ray job submit`): a lost worker node must
+        # never take the supervisor with it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         return ray.remote(Supervisor).options(
             num_cpus=0, max_concurrency=SUPERVISOR_MAX_CONCURRENCY, name=name,
+            scheduling_strategy=here,
             runtime_env={"env_vars": env} if env else None,
         ).remote(
             train_fn=self._fn, train_config=self._config, scaling=self.scaling_config,

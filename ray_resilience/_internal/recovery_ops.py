@@ -67,13 +67,7 @@ class Recovery:
         for rank in keep.values():
             sup.group.actors[rank].interrupt.remote(sup.attempt)
         timeout = sup.cfg.in_process.interrupt_timeout_s if sup.cfg.in_process else 10.0
-        ready, stuck = ray.wait(list(keep), num_returns=len(keep), timeout=timeout) if keep else ([], [])
-        for ref in ready:
-            try:
-                sup.record_outcome(ray.get(ref))
-            except RayActorError:
-                self.respawn.add(keep[ref])
-        stuck_ranks = sorted(keep[ref] for ref in stuck)
+        stuck_ranks = self._wait_unwound(keep, timeout)
         sup.futures = {}
         if stuck_ranks:
             if sup.cfg.in_job is None:
@@ -85,3 +79,30 @@ class Recovery:
                 sup.group.kill(rank)
             self.respawn.update(stuck_ranks)
         return None
+
+    def _wait_unwound(self, keep: dict[Any, int], timeout_s: float) -> list[int]:
+        """Collects interrupted ranks' outcomes; returns the ranks still stuck at the deadline.
+
+        A rank whose side thread has gone silent for `InJobConfig.heartbeat_timeout_s` (its node
+        is gone, its process frozen) is respawned at once instead of waiting out the timeout.
+        """
+        sup, deadline = self.sup, time.monotonic() + timeout_s
+        in_job = sup.cfg.in_job
+        while keep and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(keep), num_returns=len(keep), timeout=0.05)
+            for ref in ready:
+                rank = keep.pop(ref)
+                try:
+                    sup.record_outcome(ray.get(ref))
+                except RayActorError:
+                    self.respawn.add(rank)
+            if in_job is None:
+                continue
+            now = time.monotonic()
+            for ref, rank in list(keep.items()):
+                if now - sup.ranks[rank].heartbeat_at > in_job.heartbeat_timeout_s:
+                    log.warning("rank %d is silent for %.1f s: treating it as lost", rank,
+                                now - sup.ranks[rank].heartbeat_at)
+                    sup.group.kill(rank)
+                    self.respawn.add(keep.pop(ref))
+        return sorted(keep.values())

@@ -1,0 +1,96 @@
+"""Run in a subprocess by test_node_loss.py: a 3-node local cluster loses a node mid-run.
+
+Prints one JSON line: the clean and faulty runs' outcomes and whether final weights match.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ray_resilience as rr  # noqa: E402
+from ray_resilience._internal.constants import SUPERVISOR_NAME_PREFIX  # noqa: E402
+from tests import workload  # noqa: E402
+
+STEPS = 12
+
+
+def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict) -> None:
+    """Waits until the run reaches `step`, removes `node` without grace, then adds capacity."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            status = ray.get(ray.get_actor(SUPERVISOR_NAME_PREFIX + run_name).status.remote())
+            if (status.get("step") or 0) >= step:
+                break
+        except Exception:  # noqa: BLE001 - not started yet
+            pass
+        time.sleep(0.05)
+    log["removed_at"] = time.time()
+    import ray._private.state as gcs
+
+    log["placement"] = {a["ActorClassName"]: a["Address"].get("NodeID") if isinstance(a["Address"], dict) else None
+                        for a in gcs.actors().values() if a["State"] == "ALIVE"}
+    log["removed_node"] = node.node_id
+    # Like Cluster.remove_node(allow_graceful=False), whose zombie check breaks on Ray 2.60.
+    node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+    cluster.worker_nodes.remove(node)
+    time.sleep(1.0)
+    cluster.add_node(num_cpus=1, resources={"trainer": 1})
+    log["added_at"] = time.time()
+
+
+def main(data_dir: str, storage: str) -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "_system_config": {"health_check_period_ms": 500,
+                                          "health_check_failure_threshold": 4}})
+    workers = [cluster.add_node(num_cpus=1, resources={"trainer": 1}) for _ in range(2)]
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    scaling = {"num_workers": 2, "resources_per_worker": {"trainer": 1}}
+
+    def fit(name: str, resilience: rr.ResilienceConfig) -> rr.Result:
+        return rr.ResilientTrainer(
+            workload.train_loop, train_loop_config={"data_dir": data_dir, "max_steps": STEPS,
+                                                    "sleep_s": 0.2},
+            scaling_config=rr.ScalingConfig(placement_strategy="SPREAD", **scaling),
+            run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
+            resilience=resilience).fit()
+
+    clean = fit("clean", rr.ResilienceConfig.disabled())
+    log: dict = {}
+    box: dict = {}
+    # Node processes can only be killed from the main thread (signals): train in a thread.
+    trainer = threading.Thread(target=lambda: box.update(result=fit("lost", rr.ResilienceConfig.default(
+        checkpoint_interval=2, in_job=rr.InJobConfig(heartbeat_timeout_s=2.0,
+                                                    replacement_timeout_s=60.0)))))
+    trainer.start()
+    # All simulated nodes share one IP, so the driver may be attached to a worker node's raylet;
+    # the supervisor (and the commit coordinator) live next to the driver. Remove the other one.
+    here = ray.get_runtime_context().get_node_id()
+    victim = next(n for n in workers if n.node_id != here)
+    remove_node_at(cluster, victim, "lost", 5, log)
+    trainer.join()
+    faulty = box["result"]
+    equal = all(
+        workload.torch.equal(faulty.return_values[r]["state"][k], clean.return_values[r]["state"][k])
+        for r in range(2) for k in clean.return_values[r]["state"]) if faulty.ok else False
+    print(json.dumps({"clean_ok": clean.ok, "ok": faulty.ok, "error": str(faulty.error),
+                      "faults": faulty.faults, "bit_equal": equal, "log": log,
+                      "loads": (faulty.checkpoint or {}).get("loads")}, default=str))
+    ray.shutdown()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    os.environ.pop("RAY_ADDRESS", None)
+    tempfile.tempdir = tempfile.mkdtemp(prefix="rr-nl-", dir="/tmp")
+    main(sys.argv[1], sys.argv[2])

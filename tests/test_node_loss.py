@@ -1,0 +1,33 @@
+"""Node loss on a simulated 3-node cluster (ray.cluster_utils): the run completes bit-equal.
+
+The cluster runs in a subprocess: one process can only be connected to one Ray cluster, and
+the rest of the suite shares the session's local Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.timeout(420)
+def test_node_removed_without_grace_during_training(token_data_dir, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "node_loss_run.py"), token_data_dir,
+         str(tmp_path / "store")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    out = json.loads(lines[-1])
+    assert out["clean_ok"] and out["ok"], out["error"]
+    assert out["log"]["removed_node"] and "added_at" in out["log"]
+    assert out["faults"], "the node loss was not detected"
+    assert out["bit_equal"], "final weights differ from the fault-free run"
