@@ -151,6 +151,9 @@ def bench_mechanism(name: str, base: Workload, args: argparse.Namespace,
                                          run_dir=os.path.join(args.out, name, f"every_{k}")))
         result = row(label, k, run.status, run.error)
         result.notes, result.run_dir = run.notes, run.run_dir
+        result.faults_planned = len(base.fault_plan)
+        if run.timeline is not None:
+            result.faults_fired = len(run.timeline.faults)
         if run.timeline is not None and run.status == "ok":
             result.report = compute_goodput(run.timeline, steady_step_time_s=steady or None)
         if run.final_params is not None and ref.final_params is not None:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from .events import EventLog
@@ -45,13 +45,13 @@ def tool(name: str) -> str | None:
 
 
 def _pump(stream: IO[str], log_path: str, events: EventLog, source: str,
-          detect: re.Pattern[str]) -> None:
+          detect: Callable[[str], object]) -> None:
     with open(log_path, "a", encoding="utf-8") as out:
         for line in iter(stream.readline, ""):
             t = time.time()
             out.write(f"{t:.3f} {line}")
             out.flush()
-            if detect.search(line):
+            if detect(line):
                 events.write("detect", t=t, source=source, detail=line.strip()[:300])
 
 
@@ -94,36 +94,44 @@ class Logged:
 
 
 def start_logged(name: str, command: Sequence[str], workload: Workload, *,
-                 detect: re.Pattern[str] | None, env: dict[str, str] | None = None) -> Logged:
-    """Start `command` in its own session with output to `<run_dir>/<name>.log`; lines that
-    match `detect` become `detect` events (source: the run's mechanism folder name)."""
+                 detect: Callable[[str], object] | None,
+                 env: dict[str, str] | None = None) -> Logged:
+    """Start `command` in its own session with output to `<run_dir>/<name>.log`; lines for
+    which `detect(line)` is true (e.g. a compiled regex's `search`) become `detect` events."""
     proc = subprocess.Popen(
         list(command), cwd=workload.run_dir, env=env or child_env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
     pump = threading.Thread(
         target=_pump, daemon=True, name=f"{name}-log",
         args=(proc.stdout, os.path.join(workload.run_dir, f"{name}.log"),
-              EventLog(workload.run_dir, name), name, detect or re.compile(r"(?!)")))
+              EventLog(workload.run_dir, name), name, detect or (lambda _line: False)))
     pump.start()
     return Logged(name=name, proc=proc, pump=pump)
 
 
-def wait_all(children: Sequence[Logged], timeout_s: float) -> tuple[list[int], str | None]:
+def wait_all(children: Sequence[Logged], timeout_s: float, *,
+             first_success_ends: bool = False) -> tuple[list[int | None], str | None]:
     """Wait for every child under one deadline; on timeout (or Ctrl-C) kill them all, trees
-    included. Returns (exit codes, error or None)."""
+    included. With `first_success_ends`, the first child to exit 0 ends the job and the others
+    are stopped (torchft: the job is done when a live replica reaches the last step).
+    Returns (exit codes, None for a child that was stopped; error or None)."""
     deadline, error = time.monotonic() + timeout_s, None
     try:
-        for child in children:
-            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        error = f"timed out after {timeout_s:.0f} s (see the *.log files in the run folder)"
+        while any(c.proc.poll() is None for c in children):
+            if first_success_ends and any(c.proc.poll() == 0 for c in children):
+                break
+            if time.monotonic() > deadline:
+                error = f"timed out after {timeout_s:.0f} s (see the *.log files in the run folder)"
+                break
+            time.sleep(0.1)
     except BaseException:  # Ctrl-C of the benchmark: leave no ranks behind
         stop(children)
         raise
+    codes = [c.proc.poll() for c in children]
     stop(children)
     for child in children:
         child.pump.join(timeout=10)
-    return [c.proc.returncode for c in children], error
+    return codes, error
 
 
 def stop(children: Sequence[Logged]) -> None:
@@ -158,7 +166,7 @@ def run_launcher(
                   faulty=len(workload.fault_plan) > 0, run_dir=workload.run_dir,
                   notes=list(notes))
     t_start = time.time()
-    launcher = start_logged("launcher", command, workload, detect=detect)
+    launcher = start_logged("launcher", command, workload, detect=detect.search)
     (returncode,), error = wait_all([launcher], timeout_s)
     if error is not None or returncode != 0:
         run.status = "failed"

@@ -1,7 +1,9 @@
 """Our mechanisms: `ray_resilience.ResilientTrainer` in three recovery configurations.
 
-- ours-inprocess: `ResilienceConfig.default(...)`: ranks keep their processes, the train
-  function is re-entered and resumes from the newest checkpoint;
+- ours-inprocess: `ResilienceConfig.default(...)`, the whole ladder as users get it: ranks keep
+  their processes, the train function is re-entered and resumes from the newest checkpoint
+  (the default also carries `InJobConfig()` for ranks that died, so today this is the same
+  configuration as ours-replace-failed);
 - ours-replace-failed: plus `InJobConfig(policy="replace-failed")`: dead or stuck ranks get
   new actors, survivors restart in-process;
 - ours-all: plus `InJobConfig(policy="all")`: every rank is replaced (ft_launcher behaviour).
@@ -10,7 +12,8 @@ The train function is the same loop as the peers' (`workload.build`, same data a
 against our public API: `load_checkpoint` once, `report(..., checkpoint=CheckpointState)` per
 step, which checkpoints every `checkpoint_interval` steps without blocking. Faults come from the
 `FaultPlan` in the `ResilienceConfig` (the supervisor fires each once). The timeline is the
-supervisor's own (`result.goodput`), recorded on its clock; only differences of its times are used.
+supervisor's own (`result.goodput`), recorded on `time.time()` like the peers'; its start is moved back to the `fit()` call so
+startup counts the same way for every mechanism.
 
 Lead's part: `ResilienceConfig.default`, `InJobConfig` and `Result.goodput` come from the
 supervisor work in progress. When they are missing the run reports "unavailable" with the reason,
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from ray_resilience.faults import FaultKind
+from ray_resilience.goodput import RunTimeline
 
 from .ray_session import private_ray
 from .spec import PeerRun, Workload
@@ -58,6 +62,15 @@ def _train_loop(config: dict[str, Any]) -> dict[str, int]:
                   checkpoint=rr.CheckpointState(model, optimizer, extra={"data_step": step}))
     write_final_params(workload, model, ctx.world_rank)
     return {"final_step": workload.max_steps}
+
+
+def _from_launch(timeline: RunTimeline | None, t_launch: float) -> RunTimeline | None:
+    """The supervisor's timeline, made to start when `fit()` was called, as every peer's does
+    (its own start is when the supervisor got going, after `fit()` created it). Both clocks are
+    `time.time()` on this machine."""
+    if timeline is None or timeline.t_start is None:
+        return timeline
+    return RunTimeline.from_dict({**timeline.to_dict(), "t_start": min(timeline.t_start, t_launch)})
 
 
 class OursPeer:
@@ -94,9 +107,10 @@ class OursPeer:
                       notes=[("timeline recorded by our supervisor (detect/teardown/"
                               "rendezvous/load phases as it reports them)")])
         with private_ray():
+            t_launch = time.time()
             result = self._trainer(rr, workload).fit()
         report = getattr(result, "goodput", None)
-        run.timeline = getattr(report, "timeline", None)
+        run.timeline = _from_launch(getattr(report, "timeline", None), t_launch)
         run.final_params = read_final_params(workload.run_dir)
         if not result.ok:
             run.status, run.error = "failed", f"{type(result.error).__name__}: {result.error}"

@@ -36,6 +36,9 @@ class Row:
     params_equal: bool | None = None
     """Final parameters bit-equal to the same mechanism's fault-free run (None: not compared)."""
     params_max_abs_diff: float | None = None
+    faults_fired: int | None = None
+    """Faults of the plan that actually fired (a run can end before a fault's step comes)."""
+    faults_planned: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
     run_dir: str = ""
 
@@ -69,7 +72,8 @@ def _params(row: Row) -> str:
 def table(rows: Sequence[Row], title: str) -> Table:
     """The one table the benchmark prints."""
     out = Table(title=title, title_justify="left")
-    for header in ("mechanism", "ckpt every", "status", "training goodput", "infra goodput",
+    for header in ("mechanism", "ckpt every", "status", "faults", "training goodput",
+                   "infra goodput",
                    "recovery p50", "recovery max", "steps redone", "p50 vs Ray Train",
                    "final params"):
         out.add_column(header, justify="left" if header == "mechanism" else "right")
@@ -79,11 +83,12 @@ def table(rows: Sequence[Row], title: str) -> Table:
         report = row.report
         if row.status != "ok" or report is None:
             out.add_row(row.mechanism, every, f"[yellow]{row.status}[/] (see below)",
-                        *["-"] * 6, _params(row))
+                        *["-"] * 7, _params(row))
             continue
         ratio = ratios.get((row.mechanism, row.label))
         out.add_row(
-            row.mechanism, every, "ok", _pct(report.training_goodput),
+            row.mechanism, every, "ok", f"{row.faults_fired}/{row.faults_planned}",
+            _pct(report.training_goodput),
             _pct(report.infra_goodput),
             _sec(report.recovery_p50_s), _sec(report.recovery_max_s),
             str(report.steps_redone_total), "-" if ratio is None else f"{ratio:.1f}x faster",
