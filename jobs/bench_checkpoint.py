@@ -65,7 +65,9 @@ def summarize(preset: str, method: str, interval: int, results: list[dict], base
         "latency_median_s": pct(latency, 0.5), "latency_p99_s": pct(latency, 0.99),
         "held_mb": (sum(r["held_bytes"] for r in results) + extra.get("writer_bytes", 0)) / 1e6,
         "skipped": sum(r["skipped"] for r in results), "coalesced": sum(r["coalesced"] for r in results),
-        "failed": sum(r["failed"] for r in results), **{k: v for k, v in extra.items() if k != "writer_bytes"},
+        "failed": sum(r["failed"] for r in results),
+        "phases_median_s": [r.get("phases_median_s", {}) for r in results],
+        **{k: v for k, v in extra.items() if k != "writer_bytes"},
     }
 
 
@@ -94,7 +96,7 @@ class Bench:
                 node_ids_by_rank=[self.node] * self.world_size,
                 config=CheckpointConfig(in_flight_policy=method.split("_", 1)[1]))
             specs = [service.rank_spec(r) for r in range(self.world_size)]
-            ray.get([rank.attach.remote(spec) for rank, spec in zip(self.ranks, specs)])
+            ray.get([rank.attach.remote(spec) for rank, spec in zip(self.ranks, specs, strict=True)])
         try:
             results = ray.get([r.run.remote(method, interval, steps, folder) for r in self.ranks])
             if service is not None:
@@ -133,11 +135,17 @@ def run_preset(preset: str, steps: int, intervals: list[int], args: argparse.Nam
         bench.run("none", 1, 2)  # warm-up
         for interval in intervals:
             baseline = max(r["wall_s"] for r in bench.run("none", interval, steps)[0])
+            first = len(rows)
             for method in args.methods:
                 results, extra = bench.run(method, interval, steps)
                 extra["state_mb"] = bench.state_bytes / 1e6
                 rows.append(summarize(preset, method, interval, results, baseline, steps, extra))
                 print_table(rows[-1:], header=not rows[:-1])
+            # The machine is shared: take the no-checkpoint speed before and after the methods.
+            after = max(r["wall_s"] for r in bench.run("none", interval, steps)[0])
+            for row in rows[first:]:
+                row["throughput_efficiency_pct"] = 100 * (baseline + after) / 2 / row["wall_s"]
+                row["baseline_wall_s"] = [baseline, after]
     finally:
         bench.close()
     return rows
@@ -163,37 +171,47 @@ def print_table(rows: list[dict], header: bool = True) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short sweep (a few minutes)")
     parser.add_argument("--models", nargs="+", default=["tiny", "small"])
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--intervals", nargs="+", type=int, default=None, help="override the sweep")
+    parser.add_argument("--steps", type=int, default=None, help="steps per configuration override")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--storage", default=None, help="checkpoint folder (default: a temp dir)")
     parser.add_argument("--results", default=os.path.join(ROOT, "results", "bench_checkpoint"))
     parser.add_argument("--address", default=None, help="Ray address (default: a private local Ray)")
     args = parser.parse_args()
     args.storage = args.storage or tempfile.mkdtemp(prefix="rr-bench-ckpt-")
+    ray_dir = None
     env = {"PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "jobs")])}
     if args.address:
         ray.init(address=args.address, runtime_env={"env_vars": env})
     else:
-        ray.init(num_cpus=args.world_size + 1, include_dashboard=False, runtime_env={"env_vars": env})
+        os.environ.pop("RAY_ADDRESS", None)  # a private Ray, never someone else's cluster
+        ray_dir = tempfile.mkdtemp(prefix="rr-bench-ray-", dir="/tmp")
+        ray.init(address="local", num_cpus=args.world_size + 1, include_dashboard=False,
+                 _temp_dir=ray_dir, runtime_env={"env_vars": env})
     sweep = SWEEPS["quick" if args.quick else "full"]
     rows: list[dict] = []
     try:
         for preset in args.models:
             steps, intervals = sweep[preset]
+            steps, intervals = args.steps or steps, args.intervals or intervals
             rows += run_preset(preset, steps, intervals, args)
     finally:
         ray.shutdown()
         shutil.rmtree(args.storage, ignore_errors=True)
+        if ray_dir:
+            shutil.rmtree(ray_dir, ignore_errors=True)
     os.makedirs(args.results, exist_ok=True)
     path = os.path.join(args.results, f"bench_checkpoint_{time.strftime('%Y%m%d-%H%M%S')}.json")
     meta = {"torch": torch.__version__, "ray": ray.__version__, "cpus": os.cpu_count(),
             "python": platform.python_version(), "world_size": args.world_size, "quick": args.quick}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(f"\nall configurations:\n")
+    print("\nall configurations:\n")
     print_table(rows)
     print(f"\nresults: {path}")
 

@@ -153,9 +153,12 @@ class BenchRank:
         if self.rank == 0 and method in SAVERS:
             shutil.rmtree(folder, ignore_errors=True)
         stats = self.ckpt.stats() if method.startswith("ours") else {}
-        return {"blocking_s": blocking, "wall_s": wall, "latency_s": list(saver.latencies),
-                "held_bytes": saver.held_bytes, "skipped": stats.get("skipped", 0),
-                "coalesced": stats.get("coalesced", 0), "failed": stats.get("failed", 0)}
+        phases = {k: sorted(v)[len(v) // 2]
+                  for k, v in stats.get("phases_s", {}).items() if v}
+        return {"phases_median_s": phases, "blocking_s": blocking, "wall_s": wall,
+                "latency_s": list(saver.latencies), "held_bytes": saver.held_bytes,
+                "skipped": stats.get("skipped", 0), "coalesced": stats.get("coalesced", 0),
+                "failed": stats.get("failed", 0)}
 
     def close(self) -> None:
         if self.ckpt is not None:

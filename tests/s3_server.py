@@ -149,7 +149,7 @@ def s3_server() -> Iterator[S3Server]:
     data_dir = tempfile.mkdtemp(prefix="rr-s3-", dir="/tmp")
     names = ("master", "volume", "filer", "s3", "admin")
     server = S3Server(data_dir=data_dir, log_path=os.path.join(data_dir, "weed.log"),
-                      ports=dict(zip(names, _free_ports(len(names)))))
+                      ports=dict(zip(names, _free_ports(len(names)), strict=True)))
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                             "AWS_REGION", "AWS_EC2_METADATA_DISABLED")}
     server.start()

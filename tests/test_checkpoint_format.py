@@ -111,7 +111,8 @@ def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int, e
     buffers = StagingBuffers(items, tensors)
     buffers.fill(tensors)
     ticket = SaveTicket(SESSION, step, 0, 1, items, [True] * len(items), planner_data, time.time())
-    files, written, infos = write_shard(storage, ticket, ShardPayload(buffers.arrays, blobs, encode_extra(extra)))
+    payload = ShardPayload(buffers.arrays, blobs, encode_extra(extra))
+    files, written, infos = write_shard(storage, ticket, payload)
     step_dir = layout.StepDir(step, SESSION)
     metadata = build_metadata([(written, infos)], planner_data=planner_data,
                               checkpoint_id=storage.display(step_dir.name), save_id=step_dir.name)

@@ -58,8 +58,8 @@ class CheckpointConfig:
         if self.memory_budget_bytes is not None:
             self._check_int("memory_budget_bytes", minimum=0,
                             fix="give a byte count, or None for no cap (memory_tier=False turns it off).")
-        for name in ("storage_retry_backoff_s", "storage_retry_max_backoff_s", "write_timeout_s", "collective_timeout_s",
-                     "warn_interval_s"):
+        for name in ("storage_retry_backoff_s", "storage_retry_max_backoff_s", "write_timeout_s",
+                     "collective_timeout_s", "warn_interval_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"CheckpointConfig.{name}", value, "must be a number of seconds > 0.")

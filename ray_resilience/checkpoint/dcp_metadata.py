@@ -64,7 +64,8 @@ def loads_metadata(data: bytes | memoryview, *, path: str) -> dcp_md.Metadata:
     except UnsafeCheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoding failure means a corrupt file
-        raise UnsafeCheckpointError(path, f"metadata does not unpickle ({type(exc).__name__}: {exc})") from exc
+        raise UnsafeCheckpointError(
+            path, f"metadata does not unpickle ({type(exc).__name__}: {exc})") from exc
     if not isinstance(md, dcp_md.Metadata) or not isinstance(md.storage_data, dict):
         raise UnsafeCheckpointError(path, "metadata is not a DCP Metadata with storage_data")
     for index, info in md.storage_data.items():

@@ -49,9 +49,16 @@ class RankSaveStats:
         self.durable_latency_s: collections.deque[float] = collections.deque(maxlen=10_000)
         self.last_error: str | None = None
         self.last_durable_step: int | None = None
+        self.phases: dict[str, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=10_000))
+
+    def phase(self, name: str, since: float) -> None:
+        """Records how long a part of the training thread's save took (from `since` until now)."""
+        self.phases[name].append(time.perf_counter() - since)
 
     def as_dict(self) -> dict[str, Any]:
         return {**dict(self.counts), "blocking_s": list(self.blocking_s),
+                "phases_s": {k: list(v) for k, v in self.phases.items()},
                 "durable_latency_s": list(self.durable_latency_s),
                 "last_error": self.last_error, "last_durable_step": self.last_durable_step}
 
@@ -151,7 +158,12 @@ class HandoffPipeline:
                     return
                 staged, self.pending = self.pending, None
                 self.writing = staged.ticket
-            outcome = self._hand_off(staged)
+            try:
+                outcome = self._hand_off(staged)
+            except Exception as exc:  # noqa: BLE001 - never leave the writing slot taken
+                logger.exception("rank %d: checkpoint hand-off of step %d failed", self.rank,
+                                 staged.ticket.step)
+                outcome = ShardOutcome(staged.ticket.session, staged.ticket.step, False, repr(exc))
             self._record(staged.ticket, outcome)
             with self.cond:
                 self.writing = None

@@ -74,7 +74,10 @@ class RankCheckpointer:
         extra_bytes = encode_extra(extra or {})
         if self.config.in_flight_policy == "block":
             self._pipeline.wait_idle(None, why="in_flight_policy='block' waits for the previous save")
+        self._stats.phase("wait", start)
+        captured = time.perf_counter()
         state = capture(model, optimizer)
+        self._stats.phase("capture", captured)
         with self._pipeline.cond:
             staged = self._stage(step, state, extra_bytes)
         blocked = time.perf_counter() - start
@@ -88,10 +91,12 @@ class RankCheckpointer:
             self._session = self._agreement.new_session(self._begin_session)
         pipeline = self._pipeline
         replan = self._plan is None or self._plan.signature != state.signature
+        agreed = time.perf_counter()
         pending, busy, replans = self._agreement.sum(
             [int(pipeline.pending is not None), int(pipeline.busy()), int(replan)])
         if replans:
             self._plan = self._make_plan(state)
+        self._stats.phase("agree", agreed)
         action = admit(self.config.in_flight_policy, pending_ranks=pending, busy_ranks=busy,
                        world_size=self.world_size)
         if action == "skip":
@@ -99,10 +104,11 @@ class RankCheckpointer:
             return False
         if action == "replace":
             self._stats.counts["coalesced"] += 1
-        plan = self._plan
+        plan, copied = self._plan, time.perf_counter()
         tensors, blobs = state.sources(plan.items, self._blob_cache)
         buffers = pipeline.buffers_for(plan.items, tensors, replace_pending=action == "replace")
         buffers.fill(tensors)
+        self._stats.phase("copy", copied)
         ticket = SaveTicket(session=self._session, step=step, rank=self.rank, world_size=self.world_size,
                             items=plan.items, owned=plan.owned, planner_data=plan.planner_data,
                             staged_at=time.time())

@@ -100,7 +100,8 @@ class StorageShardReader(_ReaderBase):
             for req in reqs:
                 info = self.storage_data[req.storage_index]
                 if info.offset < 0 or info.offset + info.length > len(data):
-                    raise CheckpointCorruptError(where, f"{req.storage_index.fqn}: item lies outside the file")
+                    raise CheckpointCorruptError(
+                        where, f"{req.storage_index.fqn}: item lies outside the file")
                 chunk = io.BytesIO(data[info.offset:info.offset + info.length])
                 if req.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(req, chunk)

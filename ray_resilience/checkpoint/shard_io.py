@@ -80,7 +80,7 @@ def write_shard(storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPa
     with storage.open_output(f"{folder}/{data_name}") as out:
         stream = _DigestStream(out)
         arrays, blobs = iter(payload.arrays), iter(payload.blobs)
-        for item, owned in zip(ticket.items, ticket.owned):
+        for item, owned in zip(ticket.items, ticket.owned, strict=True):
             data = next(arrays) if is_tensor_item(item) else next(blobs)
             if not owned:
                 continue

@@ -101,7 +101,7 @@ class StagingBuffers:
         self.buffers = [
             torch.empty(tuple(item.tensor_data.chunk.sizes), dtype=item.tensor_data.properties.dtype,
                         pin_memory=src.is_cuda)
-            for item, src in zip(tensor_items, sources)]
+            for item, src in zip(tensor_items, sources, strict=True)]
         self.arrays: list[np.ndarray] = [
             b.reshape(-1).view(torch.uint8).numpy() if b.numel() else np.empty(0, np.uint8)
             for b in self.buffers]
@@ -116,7 +116,7 @@ class StagingBuffers:
         """Copies the live tensors in. On GPU the copies are queued on the current stream and
         an event marks their completion; `wait_ready` waits for it (off the training thread)."""
         on_gpu = False
-        for buf, src in zip(self.buffers, sources):
+        for buf, src in zip(self.buffers, sources, strict=True):
             if src.is_cuda:
                 on_gpu = True
                 buf.copy_(src, non_blocking=True)

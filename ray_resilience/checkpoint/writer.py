@@ -87,7 +87,6 @@ class CheckpointWriter:
                 num_retries=self.config.num_storage_retries,
                 backoff_s=self.config.storage_retry_backoff_s,
                 max_backoff_s=self.config.storage_retry_max_backoff_s, on_retry=self._on_retry)
-            del payload
         except Exception as exc:  # noqa: BLE001 - any failure loses this shard only
             self._fail(key, ticket, exc, time.time() - start)
             return

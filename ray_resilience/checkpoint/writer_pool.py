@@ -130,7 +130,7 @@ class WriterPool:
         refs = [s.handle.stats.remote() for s in slots]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PING_TIMEOUT_S)
         out = []
-        for slot, ref in zip(slots, refs):
+        for slot, ref in zip(slots, refs, strict=True):
             try:
                 out.append({"node_id": slot.node_id, **ray.get(ref, timeout=0)} if ref in ready
                            else {"node_id": slot.node_id, "writer_id": slot.writer_id, "status": "no answer"})
