@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"recovery benchmark: {args.model}, {args.world_size} ranks, {args.max_steps} "
              f"steps, {len(plan)} faults (seed {args.fault_seed}: "
              f"{', '.join(f'{f.kind.value}@{f.step}' for f in plan)})")
-    print_table(rows, title, console)
+    print_table(rows, title, console, references)
     config = {k: v for k, v in vars(args).items()}
     config["plan"] = plan.to_dict()
     # Other users of this machine slow every mechanism alike; say how busy it was.

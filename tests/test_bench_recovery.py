@@ -7,11 +7,13 @@ the interval rules are checked directly.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 
 import pytest
+from rich.console import Console
 
 JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
 if JOBS not in sys.path:
@@ -19,7 +21,7 @@ if JOBS not in sys.path:
 
 import bench_recovery
 from peers.events import EventLog, FaultLedger, read_events, write_events
-from peers.report import Row, speedups, table, write_results
+from peers.report import Row, print_table, speedups, table, write_results
 from peers.spec import Workload
 from peers.timeline import build_timeline, events_to_timeline
 
@@ -164,8 +166,23 @@ def test_table_results_json_and_speedups_against_ray_train(tmp_path) -> None:
     assert ratios[("torchrun", "best")] == pytest.approx(1.0)
     assert ratios[("ours-all", "-")] is None
     assert table(rows, "t").row_count == 3
+    out = io.StringIO()
+    print_table(rows, "t", Console(file=out, width=200),
+                {"torchrun": {"steady_step_time_s": 0.05, "save_cost_s": 0.1, "wall_s": 12.0}})
+    assert "steady step 50 ms" in out.getvalue()
+    assert "ours-all: unavailable: not available yet" in out.getvalue()
     with open(write_results(str(tmp_path), {"max_steps": 20}, rows, {}), encoding="utf-8") as f:
         data = json.load(f)
     assert [r["status"] for r in data["rows"]] == ["ok", "ok", "unavailable"]
     assert data["rows"][1]["recovery_p50_speedup_vs_ray_train"] == pytest.approx(1.0)
     assert data["rows"][1]["goodput"]["timeline"]["final_step"] == 20
+
+
+def test_torchft_detection_is_the_first_quorum_change() -> None:
+    from peers.torchft_peer import QuorumChange
+
+    detect = QuorumChange()
+    lines = ["got lighthouse quorum ... quorum_id: 1, participants: [a, b]",
+             "should_commit=true", "got lighthouse quorum ... quorum_id: 1, participants: [a, b]",
+             "got lighthouse quorum ... quorum_id: 2, participants: [a]"]
+    assert [bool(detect(line)) for line in lines] == [False, False, False, True]

@@ -175,11 +175,13 @@ def run_launcher(
 
 
 def elastic_args(workload: Workload, max_restarts: int) -> list[str]:
-    """The torchrun-compatible arguments both launchers take, then the worker module."""
+    """The torchrun-compatible arguments both launchers take: one node, `world_size` ranks,
+    `max_restarts` group restarts, and torch's default 0.1 s worker polling."""
     return ["--standalone", "--nnodes", "1", "--nproc-per-node", str(workload.world_size),
             "--max-restarts", str(max_restarts), "--monitor-interval", "0.1"]
 
 
 def worker_module(workload: Workload, *extra: str) -> list[str]:
+    """`-m peers.elastic_worker RUN/workload.json [extra...]`: what each launched rank runs."""
     return ["-m", "peers.elastic_worker", os.path.join(workload.run_dir, "workload.json"),
             *extra]

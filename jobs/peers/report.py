@@ -96,10 +96,16 @@ def table(rows: Sequence[Row], title: str) -> Table:
     return out
 
 
-def print_table(rows: Sequence[Row], title: str, console: Console | None = None) -> None:
-    """The table, then one line per row that did not produce numbers, saying why."""
+def print_table(rows: Sequence[Row], title: str, console: Console | None = None,
+                references: dict[str, dict[str, Any]] | None = None) -> None:
+    """The table; each mechanism's fault-free reference (the steady step time its goodput is
+    computed with, its save cost); one line per row that did not produce numbers, saying why."""
     console = console or Console(width=200)
     console.print(table(rows, title))
+    for name, ref in (references or {}).items():
+        console.print(f"  {name}: fault-free steady step {1000 * ref['steady_step_time_s']:.0f} ms,"
+                      f" save blocks {1000 * ref['save_cost_s']:.0f} ms, fault-free wall "
+                      f"{ref['wall_s']:.1f} s", markup=False)
     for row in rows:
         if row.status != "ok" or row.report is None:
             console.print(f"  {row.mechanism}: {row.status}: {row.error}", markup=False)
