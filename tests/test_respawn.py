@@ -90,3 +90,28 @@ def test_warm_spare_takes_over(clean, token_data_dir, tmp_path):
     assert recovery.recovery_s is not None
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
+
+
+def _dies_on_start():
+    import os
+    import signal
+
+    if rr.get_context().world_rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+@pytest.mark.timeout(240)
+def test_rank_dying_after_every_respawn_stops_the_storm(ray_session, tmp_path):
+    result = rr.ResilientTrainer(
+        _dies_on_start, scaling_config=rr.ScalingConfig(num_workers=2),
+        run_config=rr.RunConfig(name="storm", storage_path=str(tmp_path), verbose=False),
+        resilience=rr.ResilienceConfig(
+            in_process=rr.InProcessConfig(), first_step_timeout_s=60.0, step_timeout_s=30.0,
+            in_job=rr.InJobConfig(max_restarts=20, max_attempts_without_progress=2))).fit()
+    err = result.error
+    assert isinstance(err, rr.RestartLimitError), err
+    assert err.setting == "InJobConfig.max_attempts_without_progress" and err.ranks == [1]
+    assert result.attempts == 3 and set(err.causes) == {"actor_died"}

@@ -25,6 +25,8 @@ class AttemptSpec:
     run_name: str
     run_dir: str
     process_group_timeout_s: float
+    rendezvous_timeout_s: float
+    """How long the attempt's rendezvous (every rank joining the new store) may take."""
     progress_interval_s: float
     checkpoint_spec: Any = None
     faults: tuple = ()

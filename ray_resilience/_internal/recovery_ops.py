@@ -15,10 +15,13 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from ray_resilience.errors import HangError
+from ray_resilience.errors import HangError, WorkerDiedError
 from ray_resilience._internal.state import FaultEvent
 
 log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 10.0
+"""How long a kept rank may take to answer its health check."""
 
 
 class Recovery:
@@ -69,6 +72,11 @@ class Recovery:
         timeout = sup.cfg.in_process.interrupt_timeout_s if sup.cfg.in_process else 10.0
         stuck_ranks = self._wait_unwound(keep, timeout)
         sup.futures = {}
+        unhealthy = self._health_checks(stuck_ranks)
+        if unhealthy and sup.cfg.in_job is None:
+            return WorkerDiedError(sorted(unhealthy), sup.attempt,
+                                   f"failed health checks: {unhealthy}; set InJobConfig to replace them")
+        self.respawn.update(unhealthy)
         if stuck_ranks:
             if sup.cfg.in_job is None:
                 return HangError(stuck_ranks, sup.attempt, timeout,
@@ -79,6 +87,25 @@ class Recovery:
                 sup.group.kill(rank)
             self.respawn.update(stuck_ranks)
         return None
+
+    def _health_checks(self, stuck: list[int]) -> dict[int, str]:
+        """Ranks that keep their process are asked for their health (CUDA on GPU)."""
+        sup = self.sup
+        ranks = [r for r in range(sup.group.world_size) if r not in self.respawn and r not in stuck]
+        refs = {sup.group.actors[r].health.remote(): r for r in ranks}
+        ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=HEALTH_TIMEOUT_S) if refs else ([], [])
+        unhealthy = {refs[ref]: "no answer to the health check" for ref in late}
+        for ref in ready:
+            try:
+                reason = ray.get(ref)
+            except RayActorError as exc:
+                reason = f"actor died: {exc}"
+            if reason is not None:
+                unhealthy[refs[ref]] = reason
+        for rank, reason in unhealthy.items():
+            log.warning("rank %d is unhealthy (%s): it gets a new process", rank, reason)
+            sup.group.kill(rank)
+        return unhealthy
 
     def _wait_unwound(self, keep: dict[Any, int], timeout_s: float) -> list[int]:
         """Collects interrupted ranks' outcomes; returns the ranks still stuck at the deadline.

@@ -154,6 +154,8 @@ class Supervisor:
             master_port=port, backend=self._scaling.backend, use_gpu=self._scaling.use_gpu,
             run_name=self.run_name, run_dir=self._run_dir,
             process_group_timeout_s=self.cfg.process_group_timeout_s,
+            rendezvous_timeout_s=(self.cfg.in_process.barrier_timeout_s if self.cfg.in_process
+                                  else self.cfg.first_step_timeout_s),
             progress_interval_s=self.cfg.progress_interval_s,
             checkpoint_spec=self.checkpoints.rank_spec(r) if self.checkpoints else None,
             faults=tuple(f for f in (plan or ()) if f.rank == r and f.id not in fired

@@ -42,6 +42,8 @@ class Worker:
         self._interruptible = False
         self._release_thread: threading.Thread | None = None
         self._frozen = False
+        self._in_rendezvous = False
+        self._uses_gpu = False
         self._setup_lock = threading.Lock()
         """Held by prewarm(); run_attempt() waits for it (never two imports racing)."""
         self._aborter = CollectiveAborter()
@@ -76,6 +78,14 @@ class Worker:
             freeze_startup_objects()
             self._frozen = True
 
+    def health(self) -> str | None:
+        """None when this rank may keep its process for the next attempt, else the reason."""
+        if self._uses_gpu:
+            from ray_resilience._internal.health import cuda_health
+
+            return cuda_health(0)
+        return None
+
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
@@ -94,7 +104,9 @@ class Worker:
                 return False
             self._interrupted.set()
             async_raise(thread.ident, TrainingInterrupted)  # pending until the C call returns
-        self._aborter.abort()  # ... which this makes happen now for collectives
+        # ... which this makes happen now for collectives; a rank still in the rendezvous waits on
+        # the store, which is safe to cut too (every attempt gets a fresh store on a new port).
+        self._aborter.abort(include_store=self._in_rendezvous)
         return True
 
     # --- one attempt ------------------------------------------------------------------------
@@ -109,6 +121,8 @@ class Worker:
                 freeze_startup_objects()
                 self._frozen = True
         self._attempt = spec.attempt
+        self._uses_gpu = spec.use_gpu
+        self._in_rendezvous = False
         self._interrupted.clear()
         self._ensure_checkpointer(spec)
         session = _Session(self._context(spec), checkpointer=self._checkpointer,
@@ -193,12 +207,19 @@ class Worker:
         import datetime
 
         t0 = time.time()
+        self._in_rendezvous = True
         self._aborter.snapshot_before_init(store_port=spec.master_port)
+        # Our own store, so the rendezvous has its own (short) timeout while collectives keep
+        # the long process-group backstop.
+        store = dist.TCPStore(
+            spec.master_addr, spec.master_port, spec.world_size, is_master=spec.rank == 0,
+            timeout=datetime.timedelta(seconds=spec.rendezvous_timeout_s),
+            wait_for_workers=False)
         dist.init_process_group(
-            backend=spec.backend, init_method=spec.init_method, rank=spec.rank,
-            world_size=spec.world_size,
+            backend=spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
             timeout=datetime.timedelta(seconds=spec.process_group_timeout_s))
         self._aborter.mark_initialized()
+        self._in_rendezvous = False
         with session.lock:
             session.events.append({"phase": "init_process_group", "t_start": t0,
                                    "t_end": time.time()})

@@ -1,0 +1,25 @@
+"""Per-rank health checks, run inside the worker before it is trusted with a new attempt."""
+
+from __future__ import annotations
+
+import torch
+
+
+def cuda_health(device_index: int = 0) -> str | None:
+    """None if the GPU answers (a sync and a tiny kernel with its result read back), else why.
+
+    A GPU that hit an Xid error or a sticky CUDA error fails here; that rank then gets a fresh
+    process (in-job respawn) instead of re-entering training on a broken context.
+    """
+    if not torch.cuda.is_available():
+        return "CUDA is not available in this process"
+    try:
+        with torch.cuda.device(device_index):
+            torch.cuda.synchronize()
+            probe = torch.ones(16, device="cuda")
+            if float((probe * 2).sum().item()) != 32.0:
+                return "a probe kernel returned a wrong result"
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - any CUDA error means unhealthy
+        return f"{type(exc).__name__}: {exc}"
+    return None
