@@ -170,6 +170,9 @@ class InJobConfig:
     """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0
     """How long to wait for capacity for a replacement (a lost node coming back)."""
+    min_workers: int | None = None
+    """Continue with fewer ranks (down to this many) when replacements find no capacity in time;
+    ranks above a gap shift down and the checkpoint is loaded resharded. None: never shrink."""
 
     def __post_init__(self) -> None:
         if self.policy not in RESPAWN_POLICIES:
@@ -182,3 +185,6 @@ class InJobConfig:
         _check("InJobConfig.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.5,
                "must be >= 0.5 s (several progress intervals).")
         _check("InJobConfig.replacement_timeout_s", self.replacement_timeout_s, 1.0, "must be >= 1 s.")
+        if self.min_workers is not None:
+            _check("InJobConfig.min_workers", self.min_workers, 1,
+                   "must be an integer >= 1, or None to never shrink the world.", integer=True)

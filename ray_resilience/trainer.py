@@ -46,6 +46,10 @@ class ResilientTrainer:
         self._validate_plan()
 
     def _validate_plan(self) -> None:
+        in_job = self.resilience.in_job
+        if in_job is not None and (in_job.min_workers or 0) > self.scaling_config.num_workers:
+            raise ConfigError("InJobConfig.min_workers", in_job.min_workers,
+                              f"must be <= ScalingConfig.num_workers={self.scaling_config.num_workers}.")
         plan = self.resilience.fault_plan
         if plan is not None and hasattr(plan, "validate_for"):
             plan.validate_for(world_size=self.scaling_config.num_workers, max_steps=2**62)

@@ -24,7 +24,8 @@ from tests import workload  # noqa: E402
 STEPS = 12
 
 
-def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict) -> None:
+def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
+                   *, add_back: bool = True) -> None:
     """Waits until the run reaches `step`, removes `node` without grace, then adds capacity."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -44,12 +45,15 @@ def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict) 
     # Like Cluster.remove_node(allow_graceful=False), whose zombie check breaks on Ray 2.60.
     node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
     cluster.worker_nodes.remove(node)
-    time.sleep(1.0)
-    cluster.add_node(num_cpus=1, resources={"trainer": 1})
-    log["added_at"] = time.time()
+    if add_back:
+        time.sleep(1.0)
+        cluster.add_node(num_cpus=1, resources={"trainer": 1})
+        log["added_at"] = time.time()
 
 
-def main(data_dir: str, storage: str) -> None:
+def main(data_dir: str, storage: str, mode: str) -> None:
+    """mode "replace": capacity returns and the lost rank is respawned (bit-equal oracle);
+    mode "shrink": it never returns and the run finishes on the remaining rank."""
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "_system_config": {"health_check_period_ms": 500,
                                           "health_check_failure_threshold": 4}})
@@ -65,25 +69,29 @@ def main(data_dir: str, storage: str) -> None:
             run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
             resilience=resilience).fit()
 
-    clean = fit("clean", rr.ResilienceConfig.disabled())
+    clean = fit("clean", rr.ResilienceConfig.disabled()) if mode == "replace" else None
+    in_job = (rr.InJobConfig(heartbeat_timeout_s=2.0, replacement_timeout_s=60.0) if mode == "replace"
+              else rr.InJobConfig(heartbeat_timeout_s=2.0, replacement_timeout_s=5.0, min_workers=1))
     log: dict = {}
     box: dict = {}
     # Node processes can only be killed from the main thread (signals): train in a thread.
     trainer = threading.Thread(target=lambda: box.update(result=fit("lost", rr.ResilienceConfig.default(
-        checkpoint_interval=2, in_job=rr.InJobConfig(heartbeat_timeout_s=2.0,
-                                                    replacement_timeout_s=60.0)))))
+        checkpoint_interval=2, in_job=in_job))))
     trainer.start()
     # All simulated nodes share one IP, so the driver may be attached to a worker node's raylet;
     # the supervisor (and the commit coordinator) live next to the driver. Remove the other one.
     here = ray.get_runtime_context().get_node_id()
     victim = next(n for n in workers if n.node_id != here)
-    remove_node_at(cluster, victim, "lost", 5, log)
+    remove_node_at(cluster, victim, "lost", 5, log, add_back=mode == "replace")
     trainer.join()
     faulty = box["result"]
     equal = all(
         workload.torch.equal(faulty.return_values[r]["state"][k], clean.return_values[r]["state"][k])
-        for r in range(2) for k in clean.return_values[r]["state"]) if faulty.ok else False
-    print(json.dumps({"clean_ok": clean.ok, "ok": faulty.ok, "error": str(faulty.error),
+        for r in range(2) for k in clean.return_values[r]["state"]) if faulty.ok and clean else False
+    print(json.dumps({"clean_ok": clean.ok if clean else None, "ok": faulty.ok,
+                      "final_step": faulty.metrics.get("step"),
+                      "world_sizes": sorted({v is not None for v in faulty.return_values}),
+                      "num_returns": len(faulty.return_values), "error": str(faulty.error),
                       "faults": faulty.faults, "bit_equal": equal, "log": log,
                       "loads": (faulty.checkpoint or {}).get("loads")}, default=str))
     ray.shutdown()
@@ -93,4 +101,4 @@ def main(data_dir: str, storage: str) -> None:
 if __name__ == "__main__":
     os.environ.pop("RAY_ADDRESS", None)
     tempfile.tempdir = tempfile.mkdtemp(prefix="rr-nl-", dir="/tmp")
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "replace")

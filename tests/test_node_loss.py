@@ -16,18 +16,29 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.timeout(420)
-def test_node_removed_without_grace_during_training(token_data_dir, tmp_path):
+def _run(mode: str, data_dir: str, storage: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = ROOT
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tests", "node_loss_run.py"), token_data_dir,
-         str(tmp_path / "store")],
+        [sys.executable, os.path.join(ROOT, "tests", "node_loss_run.py"), data_dir, storage, mode],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[-1])
+    return json.loads(lines[-1])
+
+
+@pytest.mark.timeout(420)
+def test_node_removed_without_grace_during_training(token_data_dir, tmp_path):
+    out = _run("replace", token_data_dir, str(tmp_path / "store"))
     assert out["clean_ok"] and out["ok"], out["error"]
     assert out["log"]["removed_node"] and "added_at" in out["log"]
     assert out["faults"], "the node loss was not detected"
     assert out["bit_equal"], "final weights differ from the fault-free run"
+
+
+@pytest.mark.timeout(420)
+def test_lost_node_without_capacity_shrinks_to_min_workers(token_data_dir, tmp_path):
+    out = _run("shrink", token_data_dir, str(tmp_path / "store"))
+    assert out["ok"], out["error"]
+    assert out["final_step"] == 12 and out["num_returns"] == 1
+    assert out["faults"], "the node loss was not detected"

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from ray_resilience.errors import HangError, WorkerDiedError
+from ray_resilience.errors import HangError, InsufficientResourcesError, WorkerDiedError
 from ray_resilience._internal.state import FaultEvent
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,9 @@ class Recovery:
         t_torn = time.time()
         timeline.recovery_phase(self.fault_id, "teardown", fault.t_detect, t_torn)
         if self.respawn:
-            sup.group.replace(sorted(self.respawn), sup.cfg.in_job.replacement_timeout_s)
-            sup.num_respawns += 1
-            if sup.checkpoints is not None:  # new nodes get writers; dead writers are replaced
-                sup.checkpoints.ensure_writers(sup.group.node_ids())
+            error = self._respawn()
+            if error is not None:
+                return error
         sup.attempt += 1
         sup.record.expect_recovery(
             sup.attempt, self.fault_id, cause=fault.cause, t_fault=t_fault, step=fault.step,
@@ -60,6 +59,25 @@ class Recovery:
         timeline.recovery_phase(self.fault_id, "rendezvous", t_torn, t_launched)
         log.info("[%s] attempt %d started after %s (respawned %s) in %.2f s", sup.run_name,
                  sup.attempt, fault.cause, sorted(self.respawn), t_launched - fault.t_detect)
+        return None
+
+    def _respawn(self) -> BaseException | None:
+        """Replaces the ranks; those without capacity in time are dropped if the world may shrink."""
+        sup, in_job = self.sup, self.sup.cfg.in_job
+        missing = sup.group.replace(sorted(self.respawn), in_job.replacement_timeout_s)
+        sup.num_respawns += 1
+        if missing:
+            remaining = sup.group.world_size - len(missing)
+            if in_job.min_workers is None or remaining < in_job.min_workers:
+                return InsufficientResourcesError(
+                    "InJobConfig.replacement_timeout_s", in_job.replacement_timeout_s,
+                    sup._scaling.bundle, ray.available_resources(),
+                    f"no capacity for replacement ranks {missing}; set InJobConfig.min_workers "
+                    f"(now {in_job.min_workers}) to continue with fewer ranks, or add nodes.")
+            log.warning("continuing with %d ranks: no capacity for ranks %s", remaining, missing)
+            sup.shrink(missing)
+        if sup.checkpoints is not None:  # new nodes get writers; dead writers are replaced
+            sup.checkpoints.ensure_writers(sup.group.node_ids())
         return None
 
     def _teardown(self) -> BaseException | None:

@@ -166,6 +166,15 @@ class Supervisor:
                 status.reset(self.attempt)
         self.futures = group.launch(specs)
 
+    def shrink(self, dropped: list[int]) -> None:
+        """Continues without `dropped`: ranks above each gap shift down, the world shrinks."""
+        self.group.drop(dropped)
+        world = self.group.world_size
+        with self.record.lock:
+            self.ranks = {r: RankStatus(r) for r in range(world)}
+            self.record.world_size = world
+        self._returns.clear()
+
     def _on_running(self) -> None:
         self._poll_commits()
         fault = detection.poll(self)
@@ -220,7 +229,8 @@ class Supervisor:
     def _recovery_state(self) -> RecoveryState:
         progress = tuple(self.record.last_step_by_attempt.get(a) for a in range(self.attempt + 1))
         return RecoveryState(
-            attempt=self.attempt, world_size=self._scaling.num_workers,
+            attempt=self.attempt, world_size=self.group.world_size if self.group else
+            self._scaling.num_workers,
             faults=tuple(FaultRecord(cause=f.cause, ranks=tuple(f.ranks), attempt=f.attempt,
                                      step=f.step) for f in self.faults),
             progress_by_attempt=progress)
@@ -253,6 +263,7 @@ class Supervisor:
             self.checkpoints.shutdown()
 
     def _result(self) -> dict[str, Any]:
+        world = self.record.world_size
         history = self.record.sorted_history()
         final = next((m for m in reversed(history) if m["rank"] == 0), {})
         self.record.timeline.run_finished(self._t_end or time.time(),
@@ -267,7 +278,7 @@ class Supervisor:
             "state": self._state.label, "error": self._error, "metrics": final,
             "metrics_history": history, "run_dir": self._run_dir, "attempts": self.attempt + 1,
             "faults": [detection.describe_fault(f) for f in self.faults],
-            "return_values": [self._returns.get(r) for r in range(self._scaling.num_workers)],
+            "return_values": [self._returns.get(r) for r in range(world)],
             "worker_pids": self._pids, "wall_s": (self._t_end or time.time()) - self._t_start,
             "goodput": goodput, "timeline": self.record.timeline,
             "checkpoint": {"latest_committed_step": self._last_commit,

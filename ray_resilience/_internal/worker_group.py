@@ -36,7 +36,8 @@ class WorkerGroup:
 
     @property
     def world_size(self) -> int:
-        return self.scaling.num_workers
+        """Current number of ranks (below num_workers after a shrink)."""
+        return len(self.actors) if self.actors else self.scaling.num_workers
 
     def start(self, placement_timeout_s: float) -> None:
         self.pg = placement_group([self.scaling.bundle] * (self.world_size + self.num_spares),
@@ -135,8 +136,13 @@ class WorkerGroup:
         except Exception:  # noqa: BLE001 - already dead
             pass
 
-    def replace(self, ranks: list[int], timeout_s: float) -> None:
-        """New actors for `ranks` in their bundles; waits until they answer (capacity may return)."""
+    def replace(self, ranks: list[int], timeout_s: float) -> list[int]:
+        """New actors for `ranks` (a warm spare first, else a new actor in the rank's bundle).
+
+        Waits up to `timeout_s` for them to answer (a lost node's bundles are placed again when
+        capacity returns). Returns the ranks that could not be replaced in time; their
+        not-yet-started actors are killed.
+        """
         refs: dict[Any, int] = {}
         for rank in ranks:
             freed = self.bundle_of[rank]
@@ -149,15 +155,21 @@ class WorkerGroup:
                 self.actors[rank] = self._new_actor(freed)
                 refs[self.actors[rank].info.remote()] = rank
         deadline = time.monotonic() + timeout_s
-        while refs:
+        while refs and time.monotonic() < deadline:
             ready, _ = ray.wait(list(refs), num_returns=len(refs),
                                 timeout=min(SLOW_WAIT_WARNING_S, max(deadline - time.monotonic(), 0.01)))
             for ref in ready:
                 self.info[refs.pop(ref)] = ray.get(ref)
-            if refs and time.monotonic() >= deadline:
-                raise InsufficientResourcesError(
-                    "InJobConfig.replacement_timeout_s", timeout_s, self.scaling.bundle,
-                    ray.available_resources(),
-                    f"replacements for ranks {sorted(refs.values())} did not start in time.")
             if refs:
-                log.warning("waiting for replacement ranks %s to start", sorted(refs.values()))
+                log.warning("waiting for replacement ranks %s to start (available: %s)",
+                            sorted(refs.values()), ray.available_resources())
+        missing = sorted(refs.values())
+        for rank in missing:
+            self.kill(rank)
+        return missing
+
+    def drop(self, ranks: list[int]) -> None:
+        """Removes `ranks` and shifts the ranks above each gap down (the world shrinks)."""
+        for rank in sorted(ranks, reverse=True):
+            self.kill(rank)
+            del self.actors[rank], self.info[rank], self.bundle_of[rank]
