@@ -23,6 +23,9 @@ from ray_resilience._internal.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
+SUPPORTED_PHASES = ("step",)
+"""Fault phases the workers fire (FaultPlan reserves more for later)."""
+
 
 class ResilientTrainer:
     """Runs `train_loop_per_worker` on `scaling_config.num_workers` ranks and keeps it running.
@@ -51,8 +54,20 @@ class ResilientTrainer:
             raise ConfigError("InJobConfig.min_workers", in_job.min_workers,
                               f"must be <= ScalingConfig.num_workers={self.scaling_config.num_workers}.")
         plan = self.resilience.fault_plan
-        if plan is not None and hasattr(plan, "validate_for"):
-            plan.validate_for(world_size=self.scaling_config.num_workers, max_steps=2**62)
+        if plan is None:
+            return
+        plan.validate_for(world_size=self.scaling_config.num_workers, max_steps=2**62)
+        harness = sorted({f.kind.value for f in plan if not f.kind.fired_in_worker})
+        if harness:
+            raise ConfigError(
+                "ResilienceConfig.fault_plan", harness,
+                "these kinds are fired by a test harness that controls nodes, writers or storage "
+                "(see tests/node_loss_run.py and tests/test_checkpoint_faults.py), not by the "
+                "trainer; keep them out of the plan given to ResilientTrainer.")
+        other_phase = sorted({f.phase for f in plan if f.phase != "step"} - set(SUPPORTED_PHASES))
+        if other_phase:
+            raise ConfigError("ResilienceConfig.fault_plan", other_phase,
+                              f"the trainer fires faults in the phases {SUPPORTED_PHASES}.")
 
     def fit(self) -> Result:
         """Runs to completion (or failure) and returns the `Result`. Starts Ray if needed."""

@@ -84,3 +84,23 @@ def test_more_workers_than_the_cluster_can_host(ray_session, tmp_path):
     with pytest.raises(rr.InsufficientResourcesError, match="num_workers=64") as info:
         trainer.fit()
     assert info.value.asked["CPU"] == 64 and info.value.available["CPU"] == 4
+
+
+def test_fault_plan_with_harness_kinds_is_rejected():
+    plan = rr.FaultPlan.explicit([rr.Fault(step=3, rank=1, kind="writer_kill")])
+    with pytest.raises(ValueError, match=r"ResilienceConfig\.fault_plan.*writer_kill"):
+        rr.ResilientTrainer(_noop, scaling_config=rr.ScalingConfig(num_workers=2),
+                            resilience=rr.ResilienceConfig(fault_plan=plan))
+
+
+def test_fault_plan_rank_outside_the_world_is_rejected():
+    plan = rr.FaultPlan.explicit([rr.Fault(step=3, rank=5, kind="exception")])
+    with pytest.raises(ValueError, match="rank=5"):
+        rr.ResilientTrainer(_noop, scaling_config=rr.ScalingConfig(num_workers=2),
+                            resilience=rr.ResilienceConfig(fault_plan=plan))
+
+
+def test_min_workers_above_num_workers_is_rejected():
+    with pytest.raises(ValueError, match=r"InJobConfig\.min_workers=3"):
+        rr.ResilientTrainer(_noop, scaling_config=rr.ScalingConfig(num_workers=2),
+                            resilience=rr.ResilienceConfig(in_job=rr.InJobConfig(min_workers=3)))

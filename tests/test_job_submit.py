@@ -230,9 +230,10 @@ def test_submitted_training_job_succeeds_and_commits_checkpoints(
     assert status == "SUCCEEDED", f"job ended {status}; logs:\n{local_head.logs(job_id)[-4000:]}"
     run_dir = store / "submit-test"
     results = json.loads((run_dir / "results.json").read_text())
-    assert isinstance(results, dict) and results, results
-    if (run_dir / "checkpoints").is_dir():
-        assert _committed_steps(run_dir), f"no committed checkpoint in {run_dir / 'checkpoints'}"
+    assert results["ok"] and results["metrics"]["step"] == 12, results
+    committed = _committed_steps(run_dir)
+    # Saves at steps 5 and 10; both committed and kept (num_to_keep=2).
+    assert [int(name.split("_")[1]) for name in committed] == [5, 10], committed
 
 
 @pytest.mark.timeout(150)
