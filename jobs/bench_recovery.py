@@ -141,6 +141,8 @@ def bench_mechanism(name: str, base: Workload, args: argparse.Namespace,
     intervals = resolve_intervals(args.checkpoint_interval, save_cost_s=save_cost,
                                   step_time_s=steady, max_steps=base.max_steps,
                                   fault_count=len(base.fault_plan))
+    if not getattr(peer, "uses_checkpoints", True):
+        intervals = {"no checkpoints": quarter}  # torchft heals from peers: one run is enough
     references[name] = {"steady_step_time_s": steady, "save_cost_s": save_cost,
                         "wall_s": ref_report.wall_s, "intervals": intervals,
                         "run_dir": ref.run_dir, "notes": ref.notes}

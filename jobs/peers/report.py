@@ -44,13 +44,15 @@ class Row:
 
 
 def speedups(rows: Sequence[Row]) -> dict[tuple[str, str], float | None]:
-    """Ray Train's recovery p50 divided by each row's (same interval label): "x times faster"."""
+    """Ray Train's recovery p50 divided by each row's: "x times faster". Rows are compared with
+    Ray Train's row of the same interval label, else with its first row (e.g. torchft, which
+    has no checkpoint interval)."""
     base = {r.label: r.report.recovery_p50_s for r in rows
             if r.mechanism == BASELINE and r.report is not None}
     out: dict[tuple[str, str], float | None] = {}
     for row in rows:
         mine = row.report.recovery_p50_s if row.report is not None else None
-        theirs = base.get(row.label)
+        theirs = base.get(row.label, next(iter(base.values()), None))
         out[(row.mechanism, row.label)] = theirs / mine if theirs and mine else None
     return out
 
@@ -80,6 +82,8 @@ def table(rows: Sequence[Row], title: str) -> Table:
     ratios = speedups(rows)
     for row in rows:
         every = "-" if row.checkpoint_interval is None else f"{row.checkpoint_interval} ({row.label})"
+        if row.label == "no checkpoints":
+            every = row.label
         report = row.report
         if row.status != "ok" or report is None:
             out.add_row(row.mechanism, every, f"[yellow]{row.status}[/] (see below)",

@@ -122,6 +122,8 @@ class Peer(Protocol):
     supported_kinds: frozenset[FaultKind]
     """Fault kinds this mechanism can detect and recover from (others are skipped, not waited
     on: e.g. a hang under Ray Train only ends at the 30-minute collective timeout)."""
+    # Optional: `uses_checkpoints = False` for a mechanism that never saves (torchft); the
+    # benchmark then runs it once instead of once per checkpoint interval.
 
     def available(self) -> str | None:
         """None when the mechanism can run here, else why not (shown in the table)."""

@@ -64,6 +64,7 @@ class TorchftPeer:
     """Lighthouse + one `torchrun -m peers.torchft_worker --replica r` per rank."""
 
     name = "torchft"
+    uses_checkpoints = False  # a restarted replica heals from a live peer, not from storage
     supported_kinds = frozenset({FaultKind.EXCEPTION, FaultKind.SIGKILL, FaultKind.OOM})
 
     def __init__(self, *, timeout_s: float = 900.0) -> None:
