@@ -143,7 +143,7 @@ def write_plots(out_dir: str, rows: Sequence[Row]) -> list[str]:
         runs = {f"{r.mechanism} (ckpt every {r.checkpoint_interval})": r.report
                 for r in rows if r.label == label and r.report is not None}
         if runs:
-            path = os.path.join(out_dir, f"comparison_{label}.png")
+            path = os.path.join(out_dir, f"comparison_{label.replace(' ', '_')}.png")
             plot_comparison(runs, path, title=f"recovery benchmark, checkpoint interval: {label}")
             paths.append(path)
     return paths
