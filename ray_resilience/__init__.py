@@ -5,7 +5,8 @@ written by writer actors without stopping training.
 """
 
 from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
-from ray_resilience.context import CheckpointState, TrainContext, get_context, load_checkpoint, report
+from ray_resilience.context import (
+    CheckpointState, TrainContext, get_context, load_checkpoint, phase, report)
 from ray_resilience.errors import (
     ConfigError, HangError, InsufficientResourcesError, ResilienceError, RestartLimitError,
     RunAbortedError, WorkerDiedError, WorkerError)
@@ -15,13 +16,14 @@ from ray_resilience.recovery import (
     Compose, FaultCounter, InJobConfig, InProcessConfig, MaxAttempts, NoProgressLimit,
     RecoveryState)
 from ray_resilience.result import Result
+from ray_resilience.timeouts import AdaptiveTimeouts
 from ray_resilience.trainer import ResilientTrainer
 
 __all__ = [
-    "CheckpointState", "Compose", "Fault", "FaultCounter", "FaultKind", "FaultPlan",
+    "AdaptiveTimeouts",    "CheckpointState", "Compose", "Fault", "FaultCounter", "FaultKind", "FaultPlan",
     "GoodputReport", "InJobConfig", "InProcessConfig", "InjectedFault", "MaxAttempts",
     "NoProgressLimit", "RecoveryState", "RunTimeline", "compute_goodput", "ConfigError", "HangError", "InsufficientResourcesError",
     "ResilienceConfig", "ResilienceError", "ResilientTrainer", "RestartLimitError", "Result",
     "RunAbortedError", "RunConfig", "ScalingConfig", "TrainContext", "WorkerDiedError",
-    "WorkerError", "get_context", "load_checkpoint", "report",
+    "WorkerError", "get_context", "load_checkpoint", "phase", "report",
 ]

@@ -115,11 +115,17 @@ class ResilienceConfig:
     """torch.distributed timeout: the backstop when nothing else unblocks a collective."""
     placement_timeout_s: float = 120.0
     """How long to wait for the placement group before failing with the resources missing."""
+    phase_timeouts_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Silence allowed inside a user-marked phase (`with ray_resilience.phase("validation")`)."""
+    adaptive_timeouts: Any = None
+    """AdaptiveTimeouts: learn the hang timeouts from the intervals observed (None: fixed)."""
 
     def __post_init__(self) -> None:
         for name in ("first_step_timeout_s", "step_timeout_s", "progress_interval_s",
                      "monitor_interval_s", "process_group_timeout_s", "placement_timeout_s"):
             _positive(f"ResilienceConfig.{name}", getattr(self, name))
+        for name, value in self.phase_timeouts_s.items():
+            _positive(f"ResilienceConfig.phase_timeouts_s[{name!r}]", value)
         if self.progress_interval_s >= self.step_timeout_s:
             raise ConfigError(
                 "ResilienceConfig.progress_interval_s", self.progress_interval_s,

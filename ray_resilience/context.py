@@ -7,9 +7,11 @@ the training thread never waits on an RPC per step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -60,7 +62,10 @@ class _Session:
     def __init__(self, context: TrainContext, checkpointer: Any = None, faults: Any = None) -> None:
         self.context = context
         self.checkpointer = checkpointer
-        self.faults = faults  # callable(step) firing injected faults due at that step
+        self.faults = faults  # callable(phase, step) firing injected faults due there
+        self.phase: str | None = None
+        """The user-marked phase the rank is in (`ray_resilience.phase`), e.g. "validation"."""
+        self.phase_started: float | None = None
         self.lock = threading.Lock()
         self.pending: list[dict[str, Any]] = []
         self.step: int | None = None
@@ -74,6 +79,8 @@ class _Session:
             pending, self.pending = self.pending, []
             saves, self.checkpoint_blocking_s = self.checkpoint_blocking_s, []
             events, self.events = self.events, []
+            if self.phase is not None:  # tells the supervisor which timeout applies now
+                events.append({"phase": "in_phase", "name": self.phase, "t_start": self.phase_started})
             return pending, self.step, self.step_time, saves, events
 
 
@@ -114,11 +121,13 @@ def report(metrics: dict[str, Any], *, step: int, checkpoint: CheckpointState | 
         if blocked is not None:
             with session.lock:
                 session.checkpoint_blocking_s.append((int(step), blocked))
+            if session.faults is not None:
+                session.faults("checkpoint_save", int(step))
     with session.lock:
         session.pending.append(record)
         session.step, session.step_time = int(step), now
     if session.faults is not None:
-        session.faults(int(step))
+        session.faults("step", int(step))
 
 
 def load_checkpoint(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
@@ -136,4 +145,32 @@ def load_checkpoint(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer 
         session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
                                "tier": getattr(loaded, "tier", None),
                                "step": getattr(loaded, "step", None)})
+    if session.faults is not None:
+        session.faults("checkpoint_load", None)
     return loaded
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Marks a phase of the loop that is not a training step, e.g. `with phase("validation"):`.
+
+    While a rank is inside, the supervisor applies `ResilienceConfig.phase_timeouts_s[name]`
+    (and the learned timeout of that phase) instead of the step timeout, so a long validation
+    pass is not taken for a hang; fault plans can target the phase.
+    """
+    session = _require_session("phase")
+    if not name or not isinstance(name, str):
+        raise ValueError(f"phase name={name!r} must be a non-empty string, e.g. 'validation'")
+    with session.lock:
+        outer = (session.phase, session.phase_started)
+        session.phase, session.phase_started = name, time.time()
+    try:
+        if session.faults is not None:
+            session.faults(name, session.step)
+        yield
+    finally:
+        t_end = time.time()
+        with session.lock:
+            session.events.append({"phase": name, "t_start": session.phase_started, "t_end": t_end,
+                                   "rank": session.context.world_rank})
+            session.phase, session.phase_started = outer

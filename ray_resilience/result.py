@@ -34,6 +34,8 @@ class Result:
     """GoodputReport of the run (training/infra goodput, per-fault recovery), when computed."""
     checkpoint: Any = None
     """The newest committed checkpoint (step and path), when checkpointing is on."""
+    timeouts: dict[str, Any] | None = None
+    """Hang timeouts in force at the end and the worst interval observed per phase."""
 
     @property
     def ok(self) -> bool:
@@ -52,7 +54,7 @@ class Result:
             "error_type": None if self.ok else type(self.error).__name__,
             "metrics": self.metrics, "attempts": self.attempts, "faults": self.faults,
             "worker_pids": self.worker_pids, "wall_s": self.wall_s, "path": self.path,
-            "num_reports": len(self.metrics_history),
+            "num_reports": len(self.metrics_history), "timeouts": self.timeouts,
             "goodput_summary": None if self.goodput is None else {
                 "training_goodput": self.goodput.training_goodput,
                 "infra_goodput": self.goodput.infra_goodput},

@@ -23,8 +23,6 @@ from ray_resilience._internal.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_PHASES = ("step",)
-"""Fault phases the workers fire (FaultPlan reserves more for later)."""
 
 
 class ResilientTrainer:
@@ -64,10 +62,6 @@ class ResilientTrainer:
                 "these kinds are fired by a test harness that controls nodes, writers or storage "
                 "(see tests/node_loss_run.py and tests/test_checkpoint_faults.py), not by the "
                 "trainer; keep them out of the plan given to ResilientTrainer.")
-        other_phase = sorted({f.phase for f in plan if f.phase != "step"} - set(SUPPORTED_PHASES))
-        if other_phase:
-            raise ConfigError("ResilienceConfig.fault_plan", other_phase,
-                              f"the trainer fires faults in the phases {SUPPORTED_PHASES}.")
 
     def fit(self) -> Result:
         """Runs to completion (or failure) and returns the `Result`. Starts Ray if needed."""
@@ -88,6 +82,7 @@ class ResilientTrainer:
             attempts=payload["attempts"], faults=payload["faults"],
             return_values=payload["return_values"], worker_pids=payload["worker_pids"],
             wall_s=payload["wall_s"], goodput=payload.get("goodput"),
+            timeouts=payload.get("timeouts"),
             checkpoint=payload.get("checkpoint"))
         write_run_artifacts(fs, run_path, result)
         if self.run_config.verbose:

@@ -37,6 +37,10 @@ def train_loop(cfg: dict) -> dict:
             time.sleep(cfg["sleep_s"])
         rr.report({"loss": loss.item()}, step=step,
                   checkpoint=rr.CheckpointState(model, optimizer, extra={"data_step": step}))
+        if cfg.get("validate_every") and step % cfg["validate_every"] == 0:
+            with rr.phase("validation"), torch.no_grad():  # changes no parameter
+                model(inputs)
+                time.sleep(cfg.get("validation_sleep_s", 0.0))
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt}
 

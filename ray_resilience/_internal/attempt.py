@@ -29,6 +29,8 @@ class AttemptSpec:
     """How long the attempt's rendezvous (every rank joining the new store) may take."""
     progress_interval_s: float
     checkpoint_spec: Any = None
+    resume_hint: int = 0
+    """The newest globally completed step when the attempt was launched (0 at the start)."""
     faults: tuple = ()
     """Injected faults for this rank that have not fired yet."""
 

@@ -77,10 +77,13 @@ def silence(sup: Any) -> FaultEvent | None:
         pending = [s for s in sup.ranks.values() if not s.done]
         lost = [s.rank for s in pending
                 if in_job is not None and now - s.heartbeat_at > in_job.heartbeat_timeout_s]
+        # Peers of a rank inside a long phase (validation) wait for it in their next collective:
+        # while any rank is in a phase, the longest limit in force applies to every rank.
+        limits = {s.rank: (sup.timeouts.limit(_phase_of(s)[0]), _phase_of(s)[1]) for s in pending}
+        group = max(limits.values(), default=(0.0, ""))
         hung = []
         for s in pending:
-            limit, setting = ((cfg.first_step_timeout_s, "first_step_timeout_s")
-                              if s.step is None else (cfg.step_timeout_s, "step_timeout_s"))
+            limit, setting = group if any(p.phase for p in pending) else limits[s.rank]
             if s.silent_for(now) > limit:
                 hung.append((s.rank, s.silent_for(now), setting, limit))
     if lost:
@@ -91,9 +94,18 @@ def silence(sup: Any) -> FaultEvent | None:
     if not hung:
         return None
     err = HangError([h[0] for h in hung], sup.attempt, max(h[1] for h in hung),
-                    f"ResilienceConfig.{hung[0][2]}", hung[0][3])
+                    hung[0][2], hung[0][3])
     return FaultEvent(cause="hang", ranks=[h[0] for h in hung], attempt=sup.attempt,
                       t_detect=time.time(), error=err)
+
+
+def _phase_of(status: Any) -> tuple[str, str]:
+    """(timeout name, the setting that controls it) for where a rank is now."""
+    if status.phase is not None:
+        return status.phase, f"ResilienceConfig.phase_timeouts_s[{status.phase!r}]"
+    if status.step is None:
+        return "first_step", "ResilienceConfig.first_step_timeout_s"
+    return "step", "ResilienceConfig.step_timeout_s"
 
 
 def group_errors(errors: list[WorkerError]) -> WorkerError:

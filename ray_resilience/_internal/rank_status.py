@@ -17,11 +17,16 @@ class RankStatus:
     """Supervisor monotonic time when progress last advanced (or the attempt started)."""
     heartbeat_at: float = dataclasses.field(default_factory=time.monotonic)
     done: bool = False
+    phase: str | None = None
+    """User-marked phase the rank reported being in (its timeout applies), or None."""
+    phase_seen_at: float = 0.0
+    """Supervisor monotonic time when the rank was first seen in `phase`."""
 
     def reset(self, attempt: int) -> None:
         now = time.monotonic()
         self.attempt, self.progress_at, self.heartbeat_at, self.done = attempt, now, now, False
         self.step = None
+        self.phase = None
 
     def observe(self, attempt: int, step: int | None, step_time: float | None) -> None:
         if attempt != self.attempt:
@@ -31,5 +36,12 @@ class RankStatus:
         if step is not None and step != self.step:
             self.step, self.step_time, self.progress_at = step, step_time, now
 
+    def set_phase(self, phase: str | None) -> None:
+        if phase != self.phase:
+            self.phase, self.phase_seen_at = phase, time.monotonic()
+
     def silent_for(self, now: float) -> float:
+        """Silence in the current phase (entering a phase restarts the clock)."""
+        if self.phase is not None:
+            return now - max(self.progress_at, self.phase_seen_at)
         return now - self.progress_at

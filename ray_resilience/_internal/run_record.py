@@ -17,8 +17,12 @@ from ray_resilience.goodput import RunTimeline
 class RunRecord:
     """Aggregates per-rank reports into global steps and feeds the goodput timeline."""
 
-    def __init__(self, world_size: int, metrics: Any = None) -> None:
+    def __init__(self, world_size: int, metrics: Any = None, timeouts: Any = None) -> None:
         self.world_size = world_size
+        self.timeouts = timeouts
+        """LearnedTimeouts fed with every interval observed, or None."""
+        self.launched_at: dict[int, float] = {}
+        self._last_mark: dict[tuple[int, int], float] = {}
         self.metrics = metrics
         """RunMetrics exporter (Ray metrics API), or None."""
         self.timeline = RunTimeline()
@@ -48,7 +52,10 @@ class RunRecord:
         """Timed phases reported by a rank; the first checkpoint load of a recovery is recorded."""
         with self.lock:
             for ev in events:
+                if ev.get("phase") == "in_phase":
+                    continue  # "still inside a phase": the supervisor's status, not a record
                 self.phases.append({**ev, "attempt": attempt})
+                self._observe_phase(attempt, ev)
                 if ev.get("phase") != "checkpoint_load":
                     continue
                 self.loads.append({**ev, "attempt": attempt})
@@ -61,11 +68,31 @@ class RunRecord:
     def start(self, t: float, start_step: int = 0) -> None:
         self.timeline.run_started(t, self.world_size, start_step=start_step)
 
+    def _observe_phase(self, attempt: int, ev: dict[str, Any]) -> None:
+        if ev.get("t_end") is None or ev.get("t_start") is None:
+            return
+        if self.timeouts is not None and ev["phase"] not in ("release_groups", "init_process_group"):
+            self.timeouts.observe(ev["phase"], ev["t_end"] - ev["t_start"])
+        rank = ev.get("rank")
+        if rank is not None:  # time inside phases is not step time
+            key = (attempt, rank)
+            self._last_mark[key] = max(self._last_mark.get(key, 0.0), ev["t_end"])
+
+    def _observe_step(self, attempt: int, rec: dict[str, Any]) -> None:
+        key, t = (attempt, rec["rank"]), rec.get("time")
+        if t is None:
+            return
+        last = self._last_mark.get(key)
+        if last is not None and t > last and self.timeouts is not None:
+            self.timeouts.observe("step", t - last)
+        self._last_mark[key] = max(t, last or 0.0)
+
     def add_reports(self, attempt: int, records: list[dict[str, Any]]) -> None:
         """Metric dicts from one rank; a step completes globally when every rank reported it."""
         with self.lock:
             for rec in records:
                 self.history.append({**rec, "attempt": attempt})
+                self._observe_step(attempt, rec)
                 key = (attempt, rec["step"])
                 count, t = self._pending.get(key, (0, 0.0))
                 count, t = count + 1, max(t, rec.get("time", time.time()))
@@ -77,6 +104,9 @@ class RunRecord:
 
     def _step_done(self, attempt: int, step: int, t: float) -> None:
         self.global_step = step
+        if attempt not in self.first_step_by_attempt and self.timeouts is not None \
+                and attempt in self.launched_at:
+            self.timeouts.observe("first_step", t - self.launched_at[attempt])
         self.first_step_by_attempt.setdefault(attempt, (step, t))
         self.last_step_by_attempt[attempt] = max(step, self.last_step_by_attempt.get(attempt, step))
         self.timeline.step_completed(step, t, self.world_size)

@@ -20,6 +20,7 @@ from ray_resilience.config import ResilienceConfig, ScalingConfig
 from ray_resilience.errors import RunAbortedError
 from ray_resilience.goodput import compute_goodput
 from ray_resilience.recovery import FaultRecord, RecoveryState
+from ray_resilience.timeouts import LearnedTimeouts
 from ray_resilience._internal import detection
 from ray_resilience._internal.attempt import AttemptSpec
 from ray_resilience._internal.constants import DEFAULT_SHUTDOWN_TIMEOUT_S, SHUTDOWN_TIMEOUT_ENV_VAR, env_float
@@ -53,7 +54,10 @@ class Supervisor:
         self.group: WorkerGroup | None = None
         self.futures: dict[Any, int] = {}
         self.ranks = {r: RankStatus(r) for r in range(scaling.num_workers)}
-        self.record = RunRecord(scaling.num_workers, RunMetrics(run_name))
+        self.timeouts = LearnedTimeouts(
+            step_s=resilience.step_timeout_s, first_step_s=resilience.first_step_timeout_s,
+            phases_s=dict(resilience.phase_timeouts_s), adaptive=resilience.adaptive_timeouts)
+        self.record = RunRecord(scaling.num_workers, RunMetrics(run_name), self.timeouts)
         self._returns: dict[int, Any] = {}
         self.faults: list[FaultEvent] = []
         self._recovery: Recovery | None = None
@@ -72,6 +76,9 @@ class Supervisor:
         """Called by each rank's side thread every progress interval."""
         with self.record.lock:
             self.ranks[rank].observe(attempt, step, step_time)
+            if attempt == self.ranks[rank].attempt:
+                inside = [e["name"] for e in events if e.get("phase") == "in_phase"]
+                self.ranks[rank].set_phase(inside[-1] if inside else None)
             self.record.add_events(attempt, events)
             self.record.add_reports(attempt, metrics)
             self.record.add_saves(attempt, saves, sent_at)
@@ -158,12 +165,14 @@ class Supervisor:
                                   else self.cfg.first_step_timeout_s),
             progress_interval_s=self.cfg.progress_interval_s,
             checkpoint_spec=self.checkpoints.rank_spec(r) if self.checkpoints else None,
+            resume_hint=self.record.global_step or 0,
             faults=tuple(f for f in (plan or ()) if f.rank == r and f.id not in fired
                          and f.kind.fired_in_worker))
             for r in range(group.world_size)]
         with self.record.lock:
             for status in self.ranks.values():
                 status.reset(self.attempt)
+            self.record.launched_at[self.attempt] = time.time()
         self.futures = group.launch(specs)
 
     def shrink(self, dropped: list[int]) -> None:
@@ -281,6 +290,7 @@ class Supervisor:
             "return_values": [self._returns.get(r) for r in range(world)],
             "worker_pids": self._pids, "wall_s": (self._t_end or time.time()) - self._t_start,
             "goodput": goodput, "timeline": self.record.timeline,
+            "timeouts": self.timeouts.snapshot(),
             "checkpoint": {"latest_committed_step": self._last_commit,
                            "loads": self.record.loads, "phases": self.record.phases,
                            "stats": getattr(self, "_checkpoint_stats", None)}

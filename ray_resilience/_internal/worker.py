@@ -62,8 +62,10 @@ class Worker:
     def prewarm(self) -> None:
         """Imports what every attempt needs and freezes start-up objects out of the collector.
 
-        Called on warm spares right after they start, so that a spare taking over a dead rank
-        skips this (~1 s on a busy 2-core machine). Safe to call more than once.
+        Called on every new actor right after it starts (before its first attempt, which waits
+        for it): an interrupt that lands inside a first-time import would leave a half-initialized
+        module behind for every later attempt of the process; and a warm spare taking over a dead
+        rank skips this work (~1 s on a busy 2-core machine). Safe to call more than once.
         """
         with self._setup_lock:
             if self._frozen:
@@ -165,6 +167,8 @@ class Worker:
             try:
                 self._init_distributed(spec, session)
                 _set_session(session)
+                if session.faults is not None:
+                    session.faults("init", None)
                 box["return"] = self._call_user_fn()
             finally:
                 self._close_interrupt_window()
@@ -224,16 +228,32 @@ class Worker:
             session.events.append({"phase": "init_process_group", "t_start": t0,
                                    "t_end": time.time()})
 
-    def _fault_hook(self, spec: AttemptSpec) -> Callable[[int], None] | None:
-        faults = [f for f in spec.faults if f.phase == "step"]
+    def _fault_hook(self, spec: AttemptSpec) -> Callable[[str, int | None], None] | None:
+        """Fires this rank's injected faults where their phase and step say (each one once).
+
+        step / checkpoint_save / validation: at that step; init: at the start of the first
+        attempt launched once the run got to `fault.step - 1`; checkpoint_load: in the first
+        checkpoint load of an attempt launched after the run got past `fault.step` (a fault
+        during recovery).
+        """
+        faults = list(spec.faults)
         if not faults:
             return None
 
-        def fire_due(step: int) -> None:
+        def due(fault: Any, phase: str, step: int | None) -> bool:
+            if fault.phase != phase or fault.id in self._fired:
+                return False
+            if phase == "init":
+                return fault.step <= spec.resume_hint + 1
+            if phase == "checkpoint_load":
+                return 0 < fault.step <= spec.resume_hint
+            return step is not None and fault.step == step
+
+        def fire_due(phase: str, step: int | None) -> None:
             for fault in faults:
-                if fault.step == step and fault.id not in self._fired:
+                if due(fault, phase, step):
                     self._fired.add(fault.id)
-                    self._record_fault(spec, fault, step)
+                    self._record_fault(spec, fault, step if step is not None else spec.resume_hint)
                     fire(fault)
 
         return fire_due

@@ -44,6 +44,8 @@ class WorkerGroup:
                                   strategy=self.scaling.placement_strategy)
         self._wait_placement(placement_timeout_s)
         self.actors = [self._new_actor(rank) for rank in range(self.world_size)]
+        for actor in self.actors:  # imports done before any attempt can be interrupted
+            actor.prewarm.remote()
         self.bundle_of = list(range(self.world_size))
         for bundle in range(self.world_size, self.world_size + self.num_spares):
             self._add_spare(bundle)
@@ -153,6 +155,7 @@ class WorkerGroup:
                 self._add_spare(freed)
             else:
                 self.actors[rank] = self._new_actor(freed)
+                self.actors[rank].prewarm.remote()
                 refs[self.actors[rank].info.remote()] = rank
         deadline = time.monotonic() + timeout_s
         while refs and time.monotonic() < deadline:

@@ -1,0 +1,89 @@
+"""Hang timeouts learned from the workload.
+
+Too short and a healthy run is killed (a long first compile, a slow checkpoint, a validation
+pass); too long and a hung job burns GPU hours. The supervisor records the longest interval it
+has seen per phase (first step of an attempt, steady step, checkpoint save and load, each
+user-marked phase such as validation) and, with `AdaptiveTimeouts`, sets each timeout to a
+multiple of the worst observation, never below a floor. Every change is logged; pinned names
+keep the configured value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from ray_resilience.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(kw_only=True)
+class AdaptiveTimeouts:
+    """How learned timeouts are derived: max(floor, multiplier x worst observed)."""
+
+    multiplier: float = 4.0
+    """Timeout = multiplier x the longest interval observed in that phase."""
+    step_floor_s: float = 10.0
+    """The steady-step timeout never drops below this."""
+    first_step_floor_s: float = 60.0
+    """The first-step timeout (model build, checkpoint load, first compile) never drops below this."""
+    phase_floor_s: float = 30.0
+    """Timeouts of user-marked phases never drop below this."""
+    min_samples: int = 5
+    """Observations of a phase needed before its timeout is derived from them."""
+    pinned: frozenset[str] = frozenset()
+    """Names that keep their configured value: "step", "first_step", or a phase name."""
+
+    def __post_init__(self) -> None:
+        if self.multiplier < 1.5:
+            raise ConfigError("AdaptiveTimeouts.multiplier", self.multiplier,
+                              "must be >= 1.5: a timeout at the worst observed interval kills healthy runs.")
+        for name in ("step_floor_s", "first_step_floor_s", "phase_floor_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"AdaptiveTimeouts.{name}", getattr(self, name), "must be > 0.")
+        if self.min_samples < 1:
+            raise ConfigError("AdaptiveTimeouts.min_samples", self.min_samples, "must be >= 1.")
+        self.pinned = frozenset(self.pinned)
+
+    def floor(self, name: str) -> float:
+        return {"step": self.step_floor_s, "first_step": self.first_step_floor_s}.get(
+            name, self.phase_floor_s)
+
+
+class LearnedTimeouts:
+    """The supervisor's current timeouts and the worst intervals seen. Thread-safe."""
+
+    def __init__(self, *, step_s: float, first_step_s: float, phases_s: dict[str, float],
+                 adaptive: AdaptiveTimeouts | None) -> None:
+        self._values = {"step": step_s, "first_step": first_step_s, **phases_s}
+        self._adaptive = adaptive
+        self._worst: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def limit(self, name: str) -> float:
+        """The timeout for `name`; an unknown phase falls back to the steady-step timeout."""
+        with self._lock:
+            return self._values.get(name, self._values["step"])
+
+    def observe(self, name: str, seconds: float) -> None:
+        """Records one interval of `name` and, when adaptive, re-derives its timeout."""
+        with self._lock:
+            self._count[name] = self._count.get(name, 0) + 1
+            worst = self._worst[name] = max(seconds, self._worst.get(name, 0.0))
+            rule = self._adaptive
+            if rule is None or name in rule.pinned or self._count[name] < rule.min_samples:
+                return
+            new = max(rule.floor(name), rule.multiplier * worst)
+            old = self._values.get(name, self._values["step"])
+            if abs(new - old) > 0.05 * old:
+                self._values[name] = new
+                log.warning("timeout %r: %.1f s -> %.1f s (worst observed %.2f s x %.1f, floor "
+                            "%.1f s)", name, old, new, worst, rule.multiplier, rule.floor(name))
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {"timeouts_s": dict(self._values), "worst_observed_s": dict(self._worst),
+                    "observations": dict(self._count)}
