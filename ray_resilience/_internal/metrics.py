@@ -41,7 +41,7 @@ class MetricSpec:
 METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(kind="counter", name="ray_resilience_restarts",
                description="Recoveries performed, by restart cause and recovery mechanism.",
-               tag_keys=("cause", "mechanism")),
+               tag_keys=("cause", "mechanism", "rank")),
     MetricSpec(kind="histogram", name="ray_resilience_recovery_time_s",
                description="Seconds from a fault to the first completed step after it.",
                tag_keys=("cause", "mechanism"), boundaries=tuple(_RECOVERY_BUCKETS_S)),
@@ -118,11 +118,14 @@ class RunMetrics:
             self._record("ray_resilience_checkpoint_age_s", "set", 0.0)
 
     def on_restart(
-        self, cause: str, mechanism: str, recovery_s: float | None, rollback_steps: int | None
+        self, cause: str, mechanism: str, recovery_s: float | None, rollback_steps: int | None,
+        rank: int | None = None,
     ) -> None:
-        """A recovery finished (first step completed after the fault)."""
+        """A recovery finished (first step completed after the fault). `rank`: the rank whose
+        fault started it, None when no single rank is to blame (tagged "none")."""
         tags = {"cause": cause, "mechanism": mechanism}
-        self._record("ray_resilience_restarts", "inc", 1.0, tags)
+        self._record("ray_resilience_restarts", "inc", 1.0,
+                     {**tags, "rank": "none" if rank is None else str(rank)})
         if recovery_s is not None:
             self._record("ray_resilience_recovery_time_s", "observe", recovery_s, tags)
         if rollback_steps is not None:

@@ -53,6 +53,7 @@ class Recovery:
         sup.attempt += 1
         sup.record.expect_recovery(
             sup.attempt, self.fault_id, cause=fault.cause, t_fault=t_fault, step=fault.step,
+            rank=fault.ranks[0] if len(fault.ranks) == 1 else None,
             mechanism="respawn" if self.respawn else "in-process")
         sup.launch_attempt()
         t_launched = time.time()

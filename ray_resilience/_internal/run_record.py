@@ -119,7 +119,8 @@ class RunRecord:
                 rollback = None if pending.get("step") is None else pending["step"] - (step - 1)
                 self.metrics.on_restart(pending.get("cause", "unknown"),
                                         pending.get("mechanism", "unknown"),
-                                        t - pending.get("t_fault", t), rollback)
+                                        t - pending.get("t_fault", t), rollback,
+                                        rank=pending.get("rank"))
 
     def add_saves(self, attempt: int, saves: list[tuple[int, float]], t: float) -> None:
         """Checkpoint blocking times of one rank; recorded once every rank saved that step."""
