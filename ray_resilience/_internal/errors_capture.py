@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 import traceback
 
@@ -21,7 +22,10 @@ def _user_frames(exc: BaseException) -> str:
 def describe(exc: BaseException, rank: int, attempt: int) -> WorkerError:
     """Type, message and traceback always travel; the exception itself when it pickles."""
     try:
-        pickle.loads(pickle.dumps(exc))
+        # Exceptions whose __init__ takes other arguments than .args fail to rebuild on the
+        # other side; copy.copy goes through the same __reduce__ path, in memory.
+        pickle.dumps(exc)
+        copy.copy(exc)
         cause: BaseException | None = exc
     except Exception:  # noqa: BLE001 - the cause stays on this side; type and text travel
         cause = None
