@@ -18,6 +18,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+# Imported here, while the actor is created on one thread: Ray deserializes call arguments
+# (which hold checkpoint specs) on other threads, and two threads entering this package's
+# import at once can see it half-initialized.
+import ray_resilience.checkpoint  # noqa: F401
+
 from ray_resilience.context import TrainContext, _Session, _set_session
 from ray_resilience._internal.abort import CollectiveAborter
 from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec
