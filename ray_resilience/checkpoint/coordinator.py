@@ -34,6 +34,7 @@ class CommitCoordinator:
         self.storage, self.config = storage, config
         self._lock = threading.RLock()
         self._commit_lock = threading.Lock()
+        self._committing: set[tuple[str, int]] = set()
         self._session: str | None = None
         self._world_size: int | None = None
         self._reports: dict[tuple[str, int], dict[int, ShardReport]] = {}
@@ -75,7 +76,12 @@ class CommitCoordinator:
             if len(shards) < report.world_size:
                 return
             del self._reports[key]
-        self._commit(layout.StepDir(report.step, report.session), shards)
+            self._committing.add(key)
+        try:
+            self._commit(layout.StepDir(report.step, report.session), shards)
+        finally:
+            with self._lock:
+                self._committing.discard(key)
 
     def shard_failed(self, session: str, step: int, rank: int, error: str) -> None:
         with self._lock:
@@ -152,6 +158,7 @@ class CommitCoordinator:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             pending = {f"{s}:{step}": sorted(r) for (s, step), r in self._reports.items()}
+            pending.update({f"{s}:{step}": "committing" for s, step in self._committing})
             return {
                 "session": self._session, "world_size": self._world_size,
                 "committed_steps": [d.step for d in self._committed],
