@@ -4,6 +4,7 @@ Ray actors host the ranks, a supervisor actor watches and repairs the job, and c
 written by writer actors without stopping training.
 """
 
+from ray_resilience.checkpoint import CheckpointConfig, LoadedCheckpoint
 from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
 from ray_resilience.context import (
     CheckpointState, TrainContext, get_context, load_checkpoint, phase, report)
@@ -20,7 +21,7 @@ from ray_resilience.timeouts import AdaptiveTimeouts
 from ray_resilience.trainer import ResilientTrainer
 
 __all__ = [
-    "AdaptiveTimeouts",    "CheckpointState", "Compose", "Fault", "FaultCounter", "FaultKind", "FaultPlan",
+    "AdaptiveTimeouts", "CheckpointConfig", "LoadedCheckpoint",    "CheckpointState", "Compose", "Fault", "FaultCounter", "FaultKind", "FaultPlan",
     "GoodputReport", "InJobConfig", "InProcessConfig", "InjectedFault", "MaxAttempts",
     "NoProgressLimit", "RecoveryState", "RunTimeline", "compute_goodput", "ConfigError", "HangError", "InsufficientResourcesError",
     "ResilienceConfig", "ResilienceError", "ResilientTrainer", "RestartLimitError", "Result",

@@ -33,6 +33,10 @@ from ray_resilience._internal.pg_teardown import freeze_startup_objects, teardow
 from ray_resilience._internal.progress import ProgressForwarder
 
 
+FINAL_SAVE_TIMEOUT_S = 600.0
+"""How long a rank whose train function returned waits for its last save to be durable."""
+
+
 class Worker:
     """One rank. Created once per rank (and again only when the rank is respawned)."""
 
@@ -175,6 +179,8 @@ class Worker:
                 if session.faults is not None:
                     session.faults("init", None)
                 box["return"] = self._call_user_fn()
+                if self._checkpointer is not None:  # the run's last save must commit too
+                    self._checkpointer.wait_idle(FINAL_SAVE_TIMEOUT_S)
             finally:
                 self._close_interrupt_window()
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
