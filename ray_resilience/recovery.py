@@ -166,7 +166,7 @@ class InJobConfig:
     """Stop when this many respawns in a row complete no new step (a rank that dies every time)."""
     num_spares: int = 0
     """Warm spare actors started ahead of time, so a replacement skips process start-up."""
-    heartbeat_timeout_s: float = 5.0
+    heartbeat_timeout_s: float = 10.0
     """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0
     """How long to wait for capacity for a replacement (a lost node coming back)."""

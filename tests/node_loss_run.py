@@ -51,6 +51,21 @@ def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
         log["added_at"] = time.time()
 
 
+def _control_nodes(run_name: str) -> set[str]:
+    """Nodes of the driver and of the run's supervisor (waits until the supervisor exists)."""
+    import ray._private.state as gcs
+
+    nodes = {ray.get_runtime_context().get_node_id()}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = [a for a in gcs.actors().values() if a.get("Name") == SUPERVISOR_NAME_PREFIX + run_name
+                 and a["State"] == "ALIVE"]
+        if found:
+            return nodes | {found[0]["Address"]["NodeID"]}
+        time.sleep(0.05)
+    return nodes
+
+
 def main(data_dir: str, storage: str, mode: str) -> None:
     """mode "replace": capacity returns and the lost rank is respawned (bit-equal oracle);
     mode "shrink": it never returns and the run finishes on the remaining rank."""
@@ -70,18 +85,17 @@ def main(data_dir: str, storage: str, mode: str) -> None:
             resilience=resilience).fit()
 
     clean = fit("clean", rr.ResilienceConfig.disabled()) if mode == "replace" else None
-    in_job = (rr.InJobConfig(heartbeat_timeout_s=2.0, replacement_timeout_s=60.0) if mode == "replace"
-              else rr.InJobConfig(heartbeat_timeout_s=2.0, replacement_timeout_s=5.0, min_workers=1))
+    in_job = (rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=60.0) if mode == "replace"
+              else rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=5.0, min_workers=1))
     log: dict = {}
     box: dict = {}
     # Node processes can only be killed from the main thread (signals): train in a thread.
     trainer = threading.Thread(target=lambda: box.update(result=fit("lost", rr.ResilienceConfig.default(
         checkpoint_interval=2, in_job=in_job))))
     trainer.start()
-    # All simulated nodes share one IP, so the driver may be attached to a worker node's raylet;
-    # the supervisor (and the commit coordinator) live next to the driver. Remove the other one.
-    here = ray.get_runtime_context().get_node_id()
-    victim = next(n for n in workers if n.node_id != here)
+    # All simulated nodes share one IP, so the driver may be attached to a worker node's raylet
+    # and the supervisor (with the commit coordinator) may live there. Remove the other one.
+    victim = next(n for n in workers if n.node_id not in _control_nodes("lost"))
     remove_node_at(cluster, victim, "lost", 5, log, add_back=mode == "replace")
     trainer.join()
     faulty = box["result"]

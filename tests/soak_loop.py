@@ -21,7 +21,8 @@ def _usage() -> dict[str, int]:
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
     return {"rss": rss_pages * os.sysconf("SC_PAGE_SIZE"), "fds": len(os.listdir("/proc/self/fd")),
-            "threads": threading.active_count()}
+            "threads": threading.active_count(),
+            "thread_names": sorted(t.name for t in threading.enumerate())}
 
 
 def soak(cfg: dict) -> dict:

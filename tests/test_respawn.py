@@ -13,7 +13,7 @@ STEPS = 10
 def _resilience(plan, **in_job) -> rr.ResilienceConfig:
     return rr.ResilienceConfig(
         in_process=rr.InProcessConfig(interrupt_timeout_s=2.0),
-        in_job=rr.InJobConfig(heartbeat_timeout_s=2.0, **in_job), fault_plan=plan,
+        in_job=rr.InJobConfig(heartbeat_timeout_s=10.0, **in_job), fault_plan=plan,
         step_timeout_s=3.0, first_step_timeout_s=60.0)
 
 
