@@ -52,16 +52,18 @@ def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
 
 
 def _control_nodes(run_name: str) -> set[str]:
-    """Nodes of the driver and of the run's supervisor (waits until the supervisor exists)."""
+    """Nodes of the driver, the run's supervisor and its commit coordinator (the control
+    plane, which a real cluster keeps on the head node); waits until both actors exist."""
     import ray._private.state as gcs
 
     nodes = {ray.get_runtime_context().get_node_id()}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        found = [a for a in gcs.actors().values() if a.get("Name") == SUPERVISOR_NAME_PREFIX + run_name
-                 and a["State"] == "ALIVE"]
-        if found:
-            return nodes | {found[0]["Address"]["NodeID"]}
+        alive = [a for a in gcs.actors().values() if a["State"] == "ALIVE"]
+        sup = [a for a in alive if a.get("Name") == SUPERVISOR_NAME_PREFIX + run_name]
+        coord = [a for a in alive if a["ActorClassName"] == "CommitCoordinator"]
+        if sup and coord:
+            return nodes | {sup[0]["Address"]["NodeID"], coord[0]["Address"]["NodeID"]}
         time.sleep(0.05)
     return nodes
 
@@ -95,7 +97,12 @@ def main(data_dir: str, storage: str, mode: str) -> None:
     trainer.start()
     # All simulated nodes share one IP, so the driver may be attached to a worker node's raylet
     # and the supervisor (with the commit coordinator) may live there. Remove the other one.
-    victim = next(n for n in workers if n.node_id not in _control_nodes("lost"))
+    control = _control_nodes("lost")
+    log["control_nodes"] = sorted(control)
+    victims = [n for n in workers if n.node_id not in control]
+    if not victims:  # the control plane spans both worker nodes: nothing can be removed safely
+        raise RuntimeError(f"supervisor/coordinator/driver occupy every worker node: {control}")
+    victim = victims[0]
     remove_node_at(cluster, victim, "lost", 5, log, add_back=mode == "replace")
     trainer.join()
     faulty = box["result"]

@@ -162,7 +162,16 @@ class WorkerGroup:
             ready, _ = ray.wait(list(refs), num_returns=len(refs),
                                 timeout=min(SLOW_WAIT_WARNING_S, max(deadline - time.monotonic(), 0.01)))
             for ref in ready:
-                self.info[refs.pop(ref)] = ray.get(ref)
+                rank = refs.pop(ref)
+                try:
+                    self.info[rank] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    # Its bundle's node died before it started (the bundle is being placed
+                    # again): try once more with a new actor while time remains.
+                    log.warning("replacement for rank %d died before starting: %s", rank, exc)
+                    self.actors[rank] = self._new_actor(self.bundle_of[rank])
+                    self.actors[rank].prewarm.remote()
+                    refs[self.actors[rank].info.remote()] = rank
             if refs:
                 log.warning("waiting for replacement ranks %s to start (available: %s)",
                             sorted(refs.values()), ray.available_resources())
