@@ -126,6 +126,8 @@ class OursPeer:
                                   "fault_plan": workload.fault_plan}
         if self.variant != "inprocess":
             kwargs["in_job"] = rr.InJobConfig(policy=self.variant)
+        else:  # rung 1 alone for soft faults: no fault counter sending a rank to respawn
+            kwargs["in_process"] = rr.InProcessConfig(health_check=rr.Compose())
         return rr.ResilientTrainer(
             _train_loop,
             train_loop_config={"workload": workload.to_json()},
