@@ -31,10 +31,10 @@ from torch import nn
 from ray_resilience.faults import FaultKind
 
 from .events import EventLog
+from .launcher import collect
 from .ray_session import private_ray
 from .spec import PeerRun, Workload
-from .timeline import build_timeline
-from .workload import load_state, read_final_params, state_dict, train
+from .workload import load_state, state_dict, train
 
 META_FILE = "bench_meta.json"
 
@@ -141,13 +141,7 @@ class RayTrainPeer:
             error = self._fit(workload)
         if error is not None:
             run.status, run.error = "failed", f"{type(error).__name__}: {error}"
-        run.timeline, observed = build_timeline(
-            workload.run_dir, world_size=workload.world_size, t_start=t_start)
-        run.notes.extend(observed)
-        run.final_params = read_final_params(workload.run_dir)
-        if run.final_params is None and run.status == "ok":
-            run.status, run.error = "failed", "rank 0 never wrote the final parameters"
-        return run
+        return collect(run, workload, t_start)
 
     def _fit(self, workload: Workload) -> BaseException | None:
         """`fit()` on a thread, so the run has a deadline; leaving `private_ray` on a timeout

@@ -20,18 +20,13 @@ SHUTDOWN_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_SHUTDOWN_TIMEOUT_S"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 """How long teardown waits for workers to destroy their process groups before killing them."""
 
-INTERRUPT_GRACE_ENV_VAR = "RAY_RESILIENCE_INTERRUPT_GRACE_S"
-DEFAULT_INTERRUPT_GRACE_S = 5.0
-"""How long an interrupted attempt may take to unwind before its rank counts as stuck."""
-
 ALLOW_PENDING_RESOURCES_ENV_VAR = "RAY_RESILIENCE_ALLOW_PENDING_RESOURCES"
 """Set to 1 on autoscaling clusters: skip the fail-fast check that the cluster can host the run."""
 
 SLOW_WAIT_WARNING_S = 10.0
 """Every wait logs who it is still waiting for at this period."""
 
-FORWARDED_ENV_VARS = (SHUTDOWN_TIMEOUT_ENV_VAR, INTERRUPT_GRACE_ENV_VAR,
-                      ALLOW_PENDING_RESOURCES_ENV_VAR)
+FORWARDED_ENV_VARS = (SHUTDOWN_TIMEOUT_ENV_VAR, ALLOW_PENDING_RESOURCES_ENV_VAR)
 
 
 def env_float(name: str, default: float) -> float:

@@ -63,14 +63,3 @@ def write_json(fs: pafs.FileSystem, path: str, payload: Any) -> None:
         with fs.open_output_stream(path) as out:
             out.write(data)
 
-
-def read_json(fs: pafs.FileSystem, path: str) -> Any | None:
-    try:
-        with fs.open_input_stream(path) as f:
-            return json.loads(f.read().decode())
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if "not found" in str(exc).lower() or "NoSuchKey" in str(exc):
-            return None
-        raise
