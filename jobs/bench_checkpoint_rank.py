@@ -143,6 +143,10 @@ class BenchRank:
         blocking, start = [], time.perf_counter()
         for i in range(1, num_steps + 1):
             self._train_step()
+            if blocking and method.startswith("ours"):
+                # Ours copies while the next forward/backward run; the optimizer step waits for
+                # the copy if it is not done. That wait is blocking of the save before it.
+                blocking[-1] += self.ckpt.take_guard_wait_s()
             if method != "none" and i % interval == 0:
                 t0 = time.perf_counter()
                 saver.save(self.step)
@@ -155,10 +159,15 @@ class BenchRank:
         stats = self.ckpt.stats() if method.startswith("ours") else {}
         phases = {k: sorted(v)[len(v) // 2]
                   for k, v in stats.get("phases_s", {}).items() if v}
+        guard = stats.get("guard_wait_s", [])
         return {"phases_median_s": phases, "blocking_s": blocking, "wall_s": wall,
+                "guard_waits": len(guard), "guard_wait_max_s": max(guard, default=0.0),
                 "latency_s": list(saver.latencies), "held_bytes": saver.held_bytes,
                 "skipped": stats.get("skipped", 0), "coalesced": stats.get("coalesced", 0),
                 "failed": stats.get("failed", 0)}
+
+    def stats_internal(self) -> dict:
+        return self.ckpt.stats()
 
     def close(self) -> None:
         if self.ckpt is not None:

@@ -71,10 +71,25 @@ class _Session:
         self.step: int | None = None
         self.step_time: float | None = None
         self.checkpoint_blocking_s: list[tuple[int, float]] = []
+        self.open_save: tuple[int, float] | None = None
+        """The newest save, recorded once the optimizer step after it ran (its wait is blocking too)."""
         self.events: list[dict[str, Any]] = []
 
-    def drain(self) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
-        """Takes what was recorded since the last call: (metrics, step, step time, saves, events)."""
+    def close_save(self) -> None:
+        """Records the open save with the optimizer-step wait that followed it."""
+        if self.open_save is None:
+            return
+        step, blocked = self.open_save
+        waited = self.checkpointer.take_guard_wait_s() if self.checkpointer is not None else 0.0
+        with self.lock:
+            self.checkpoint_blocking_s.append((step, blocked + waited))
+            self.open_save = None
+
+    def drain(self, *, final: bool = False) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
+        """Takes what was recorded since the last call: (metrics, step, step time, saves, events).
+        `final` (the attempt ended) also records the newest save."""
+        if final:
+            self.close_save()
         with self.lock:
             pending, self.pending = self.pending, []
             saves, self.checkpoint_blocking_s = self.checkpoint_blocking_s, []
@@ -109,18 +124,21 @@ def report(metrics: dict[str, Any], *, step: int, checkpoint: CheckpointState | 
     """Records that `step` completed with `metrics`; saves a checkpoint on checkpoint steps.
 
     Call once per step, after the optimizer step. Returns after a queue append (and, on
-    checkpoint steps, after the shard is copied off the live tensors).
+    checkpoint steps, after the shard's buffers are copied: parameters and optimizer state are
+    copied while the next forward and backward run, and the next `optimizer.step()` waits for
+    that copy if it is not done; see `CheckpointConfig.snapshot`).
     """
     session = _require_session("report")
     now = time.time()
     record = {**metrics, "step": int(step), "rank": session.context.world_rank, "time": now}
+    if session.checkpointer is not None:
+        session.close_save()  # the previous save's optimizer-step wait is known by now
     if checkpoint is not None and session.checkpointer is not None:
         blocked = session.checkpointer.maybe_save(
             int(step), model=checkpoint.model, optimizer=checkpoint.optimizer,
             extra=checkpoint.extra)
         if blocked is not None:
-            with session.lock:
-                session.checkpoint_blocking_s.append((int(step), blocked))
+            session.open_save = (int(step), blocked)
             if session.faults is not None:
                 session.faults("checkpoint_save", int(step))
     with session.lock:

@@ -34,12 +34,15 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 class RankActor:
     """One rank. Methods run on the actor's thread; all ranks must call collectives together."""
 
-    def __init__(self, rank: int, world_size: int, port: int, spec: Any, preset: str = "tiny") -> None:
+    def __init__(self, rank: int, world_size: int, port: int, spec: Any, preset: str = "tiny",
+                 copy_delay_s: float = 0.0) -> None:
         import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
 
         from ray_resilience.checkpoint import RankCheckpointer
+        from ray_resilience.checkpoint.rank_checkpointer import COPY_DELAY_ENV_VAR
 
+        os.environ[COPY_DELAY_ENV_VAR] = str(copy_delay_s)
         torch.set_num_threads(1)
         self.rank, self.world_size = rank, world_size
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -73,18 +76,36 @@ class RankActor:
         self.step = step
         return self.ckpt.save(step, model=self.model, optimizer=self.optimizer, extra=self.extra())
 
-    def save_then_mutate(self, step: int) -> dict[str, torch.Tensor]:
-        """Full state at save time (gathered), then every parameter and moment changes at once."""
+    def save_then_mutate(self, step: int, how: str = "optimizer") -> dict[str, torch.Tensor]:
+        """Full state at save time (gathered), then, right after `save` returns, every parameter
+        and moment changes: through `optimizer.step()` ("optimizer", which must wait for the
+        snapshot copy) or by in-place writes the checkpointer cannot see coming ("inplace")."""
         expected = self.full_state()
         self.save(step)
-        with torch.no_grad():
+        if how == "optimizer":
             for p in self.model.parameters():
-                p.add_(1.0)
-            for state in self.optimizer.state.values():
-                for value in state.values():
-                    if torch.is_tensor(value) and value.dim() > 0:
-                        value.add_(1.0)
+                p.grad = torch.ones_like(p)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.add_(1.0)
+                for state in self.optimizer.state.values():
+                    for value in state.values():
+                        if torch.is_tensor(value) and value.dim() > 0:
+                            value.add_(1.0)
+        changed = self.full_state()
+        same = [k for k in expected if torch.equal(expected[k], changed[k]) and not k.endswith(".step")]
+        assert not same, f"the mutation left {same[:3]} unchanged"
         return expected
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
 
     def full_state(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import (
@@ -139,13 +160,16 @@ class RankActor:
         return os.getpid()
 
 
-def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | None = None) -> list[Any]:
-    """Starts one RankActor per spec (or `world_size` ranks without checkpointing)."""
+def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | None = None,
+                copy_delay_s: float = 0.0) -> list[Any]:
+    """Starts one RankActor per spec (or `world_size` ranks without checkpointing); the
+    background snapshot copy of each save starts `copy_delay_s` late."""
     world_size = world_size or len(specs)
     specs = specs or [None] * world_size
     port = free_port()
     actor = ray.remote(RankActor).options(num_cpus=1, max_concurrency=2)
-    return [actor.remote(rank, world_size, port, specs[rank], preset) for rank in range(world_size)]
+    return [actor.remote(rank, world_size, port, specs[rank], preset, copy_delay_s)
+            for rank in range(world_size)]
 
 
 def on_all(ranks: list[Any], method: str, *args: Any, timeout: float = 150.0, **kwargs: Any) -> list[Any]:

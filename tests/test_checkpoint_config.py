@@ -1,11 +1,12 @@
-"""CheckpointConfig validation and the in-flight admission rule (no Ray)."""
+"""CheckpointConfig validation, save rounds and owner assignment (no Ray)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ray_resilience.checkpoint import CheckpointConfig
-from ray_resilience.checkpoint.agreement import admit, assign_owners
+from ray_resilience.checkpoint.agreement import assign_owners
+from ray_resilience.checkpoint.rounds import RoundTable
 from ray_resilience.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
@@ -43,19 +44,77 @@ def test_invalid_values_name_field_value_and_fix(field, value, words):
     assert f"CheckpointConfig.{field}" in message and repr(value) in message and words in message
 
 
-@pytest.mark.parametrize("pending, busy, expected", [
-    (0, 0, "stage"), (0, 2, "stage"), (2, 2, "replace"), (1, 2, "skip")])
-def test_coalesce_replaces_only_when_every_rank_still_has_it_pending(pending, busy, expected):
-    assert admit("coalesce", pending_ranks=pending, busy_ranks=busy, world_size=2) == expected
+KEYS = {0: [("model.w|(0,)", 8), ("optimizer.lr|()", 0)], 1: [("model.w|(4,)", 8), ("optimizer.lr|()", 0)]}
 
 
-@pytest.mark.parametrize("busy, expected", [(0, "stage"), (1, "skip"), (2, "skip")])
-def test_skip_stages_only_when_no_rank_is_busy(busy, expected):
-    assert admit("skip", pending_ranks=0, busy_ranks=busy, world_size=2) == expected
+def table(world_size: int = 2) -> RoundTable:
+    rounds = RoundTable()
+    rounds.begin("s1", world_size)
+    return rounds
 
 
-def test_block_always_stages_after_its_wait():
-    assert admit("block", pending_ranks=0, busy_ranks=0, world_size=3) == "stage"
+def test_round_is_claimed_only_when_every_rank_is_ready_and_dedups_replicated_items():
+    rounds = table()
+    rounds.vote("s1", 5, 0, ready=True, plan_id="p0", keys=KEYS[0])
+    assert rounds.result("s1", 5, 0) is None and rounds.waiting_for("s1", 5) == [1]
+    rounds.vote("s1", 5, 1, ready=True, plan_id="p1", keys=KEYS[1])
+    r0, r1 = rounds.result("s1", 5, 0), rounds.result("s1", 5, 1)
+    assert r0.claimed and r1.claimed
+    assert r0.owned[0] and r1.owned[0]  # each rank writes its own shard
+    assert r0.owned[1] != r1.owned[1]  # exactly one writes the replicated setting
+
+
+def test_round_with_a_rank_not_ready_is_not_claimed_and_names_it():
+    rounds = table(3)
+    for rank, ready in ((0, True), (1, False), (2, True)):
+        rounds.vote("s1", 5, rank, ready=ready, plan_id="p", keys=[("x|()", 4)])
+    result = rounds.result("s1", 5, 2)
+    assert not result.claimed and result.reason == "not ready: ranks [1]" and result.owned is None
+
+
+def test_a_vote_for_a_later_step_closes_earlier_rounds_the_voter_never_joined():
+    rounds = table()
+    rounds.vote("s1", 5, 0, ready=True, plan_id="p0", keys=KEYS[0])
+    rounds.vote("s1", 6, 1, ready=True, plan_id="p1", keys=KEYS[1])  # rank 1 never saved step 5
+    result = rounds.result("s1", 5, 0)
+    assert not result.claimed and "rank 1 moved on to step 6" in result.reason
+
+
+def test_a_new_session_ends_the_old_rounds_and_ignores_their_votes():
+    rounds = table()
+    rounds.vote("s1", 5, 0, ready=True, plan_id="p0", keys=KEYS[0])
+    rounds.begin("s2", 2)
+    assert rounds.result("s1", 5, 0).reason == "session ended"
+    rounds.vote("s1", 5, 1, ready=True, plan_id="p1", keys=KEYS[1])
+    assert rounds.open_rounds() == {}
+
+
+def test_plans_travel_once_and_an_unknown_plan_is_not_claimed():
+    rounds = table()
+    for rank in (0, 1):
+        rounds.vote("s1", 5, rank, ready=True, plan_id=f"p{rank}", keys=KEYS[rank])
+    for rank in (0, 1):  # same plans: no keys sent again
+        rounds.vote("s1", 6, rank, ready=True, plan_id=f"p{rank}", keys=None)
+    assert rounds.result("s1", 6, 1).claimed
+    for rank in (0, 1):
+        rounds.vote("s1", 7, rank, ready=True, plan_id="never-sent", keys=None)
+    assert rounds.result("s1", 7, 0).reason == "plan unknown"
+
+
+def test_withdrawn_round_ends_unclaimed():
+    rounds = table()
+    rounds.vote("s1", 5, 0, ready=True, plan_id="p0", keys=KEYS[0])
+    rounds.withdraw("s1", 5, 0, "timed out")
+    rounds.vote("s1", 5, 1, ready=True, plan_id="p1", keys=KEYS[1])
+    result = rounds.result("s1", 5, 1)
+    assert not result.claimed and "rank 0 gave up: timed out" in result.reason
+
+
+@pytest.mark.parametrize("value", ["async", "", None])
+def test_snapshot_mode_is_checked(value):
+    with pytest.raises(ConfigError) as info:
+        CheckpointConfig(snapshot=value)
+    assert "CheckpointConfig.snapshot" in str(info.value) and "'sync'" in str(info.value)
 
 
 def test_assign_owners_keeps_sharded_items_and_dedups_replicated_ones():

@@ -109,7 +109,7 @@ def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int, e
     items, planner_data = state.build_items()
     tensors, blobs = state.sources(items)
     buffers = StagingBuffers(items, tensors)
-    buffers.fill(tensors)
+    buffers.copy_now(tensors, list(range(len(tensors))))
     ticket = SaveTicket(SESSION, step, 0, 1, items, [True] * len(items), planner_data, time.time())
     payload = ShardPayload(buffers.arrays, blobs, encode_extra(extra))
     files, written, infos = write_shard(storage, ticket, payload)

@@ -43,4 +43,4 @@ class ProgressForwarder:
         """Stops the thread and returns what it had not sent yet (the caller sends it)."""
         self._stop.set()
         self._thread.join(timeout=5.0)
-        return self._session.drain()
+        return self._session.drain(final=True)

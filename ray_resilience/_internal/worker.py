@@ -149,6 +149,8 @@ class Worker:
         self._thread.start()
         self._thread.join()
         metrics, step, step_time, saves, events = forwarder.stop()
+        if self._checkpointer is not None:  # no reference to this attempt's model survives it
+            self._checkpointer.end_attempt()
         # Process groups are released in the background, overlapping with the supervisor's
         # recovery; the next attempt (or shutdown) waits for it. A failed rank reports at once.
         self._release_thread = threading.Thread(target=self._release_groups, daemon=True,

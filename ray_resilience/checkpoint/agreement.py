@@ -1,13 +1,11 @@
-"""Collectives that keep the ranks' checkpoint decisions identical.
+"""Collectives that keep the ranks' load decisions identical, and who writes replicated items.
 
-Called on the training thread, on every rank at the same points (`load`, and each save step).
-They run on the default process group when it is gloo, otherwise on a CPU (gloo) group created
-once per default group, so a decision never needs a device synchronization. Without
-torch.distributed (a single rank), they are local.
-
-Why collectives: whether a save is staged, replaces the pending one or is skipped depends on
-each rank's writer progress. Ranks deciding alone could keep different steps, and then no step
-would ever have all its shards. One tiny all-reduce per save step makes the decision global.
+`Agreement` is called on the training thread, on every rank at the same points: `load` (which
+step every rank can load; a fresh session id). Its collectives run on the default process group
+when it is gloo, otherwise on a CPU (gloo) group created once per default group, so a decision
+never needs a device synchronization. Without torch.distributed (a single rank), they are local.
+Saves take part in no collective: their decisions are save rounds on the commit coordinator
+(`rounds.py`), which uses `assign_owners` below.
 """
 
 from __future__ import annotations
@@ -107,21 +105,3 @@ def assign_owners(keys_by_rank: list[list[tuple[str, int]]]) -> list[list[bool]]
         owner[key] = chosen
         load[chosen] += sizes[key]
     return [[owner[key] == rank for key, _ in keys] for rank, keys in enumerate(keys_by_rank)]
-
-
-def admit(policy: str, *, pending_ranks: int, busy_ranks: int, world_size: int) -> str:
-    """What every rank does with a new save, from the summed flags of all ranks:
-    "stage" (becomes the pending snapshot), "replace" (replaces the pending one) or "skip".
-
-    `coalesce` replaces only when every rank still has the previous snapshot pending: if some
-    rank already started writing it, the others must write it too, so the new save is skipped.
-    `skip` stages only when no rank has anything pending or being written. `block` callers have
-    already waited until their rank was idle.
-    """
-    if policy == "coalesce":
-        if pending_ranks == 0:
-            return "stage"
-        return "replace" if pending_ranks == world_size else "skip"
-    if policy == "skip":
-        return "skip" if busy_ranks else "stage"
-    return "stage"

@@ -9,6 +9,8 @@ from ray_resilience.errors import ConfigError
 
 InFlightPolicy = Literal["coalesce", "skip", "block"]
 IN_FLIGHT_POLICIES: tuple[str, ...] = ("coalesce", "skip", "block")
+SnapshotMode = Literal["overlap", "sync"]
+SNAPSHOT_MODES: tuple[str, ...] = ("overlap", "sync")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -19,6 +21,11 @@ class CheckpointConfig:
     yet durable (each rank holds at most one pending snapshot plus one being written):
     `coalesce` keeps only the newest pending snapshot and never blocks training; `skip` drops the
     new save; `block` waits until the previous save is durable (the NVRx behaviour).
+
+    Snapshot modes: `overlap` copies parameters and optimizer state while the next forward and
+    backward run and holds the next `optimizer.step()` until the copy is complete (anything else
+    that changes them in place meanwhile makes that save dropped, never torn); `sync` copies
+    everything before `save`/`report` returns.
     """
 
     interval_steps: int = 0
@@ -31,6 +38,8 @@ class CheckpointConfig:
     """Keep the newest committed checkpoint in writer memory so restarts skip reading storage."""
     memory_budget_bytes: int | None = None
     """Per-node cap on the memory tier (None: only Ray's object store limit applies)."""
+    snapshot: SnapshotMode = "overlap"
+    """"overlap" | "sync" (see the class docstring); a save without an optimizer is always sync."""
     writers_per_node: int = 1
     """Writer actors per node hosting ranks; ranks on a node are spread across them."""
     num_storage_retries: int = 3
@@ -51,6 +60,10 @@ class CheckpointConfig:
         if self.in_flight_policy not in IN_FLIGHT_POLICIES:
             raise ConfigError("CheckpointConfig.in_flight_policy", self.in_flight_policy,
                               f"must be one of {IN_FLIGHT_POLICIES}; 'coalesce' never blocks training.")
+        if self.snapshot not in SNAPSHOT_MODES:
+            raise ConfigError("CheckpointConfig.snapshot", self.snapshot,
+                              f"must be one of {SNAPSHOT_MODES}; 'sync' if the loop changes parameters "
+                              "outside optimizer.step() between report() and the next step.")
         self._check_int("num_to_keep", minimum=2,
                         fix="keep at least 2 so a crash while writing leaves one loadable checkpoint.")
         self._check_int("writers_per_node", minimum=1, fix="use at least 1 writer per node.")

@@ -1,10 +1,12 @@
 """`CommitCoordinator`: one actor per run that commits steps and manages the writer pool.
 
-Created by `CheckpointService.start` (threaded actor, `num_cpus=0`). Writers report each durable
-shard; when every rank of a step's session has reported, the coordinator writes the DCP
-`.metadata` and the commit manifest, tells the writers (memory tier), prunes old checkpoints and
-leftovers. A new session (`begin_session`, at every attempt's load or first save) makes shards of
-older sessions uncommittable, so two attempts never mix.
+Created by `CheckpointService.start` (threaded actor, `num_cpus=0`). Ranks' hand-off threads vote
+in each save's round (`vote`, `poll_round`; see `rounds.py`), so every rank hands off the same
+steps. Writers report each durable shard; when every rank of a step's session has reported, the
+coordinator writes the DCP `.metadata` and the commit manifest, tells the writers (memory tier),
+prunes old checkpoints and leftovers. A new session (`begin_session`, at every attempt's load or
+first save) ends the old session's rounds and makes its shards uncommittable, so two attempts
+never mix.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ray
 from ray_resilience.checkpoint import commit, layout
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata
+from ray_resilience.checkpoint.rounds import RoundResult, RoundTable
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
 from ray_resilience.checkpoint.types import ShardReport
 from ray_resilience.checkpoint.writer_pool import WriterPool
@@ -43,6 +46,8 @@ class CommitCoordinator:
         self._holders: dict[layout.StepDir, dict[int, str]] = {}
         self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self._counts = collections.Counter()
+        self._round_cond = threading.Condition()
+        self._rounds = RoundTable()
         self._pool = WriterPool(storage=storage, config=config,
                                 coordinator=ray.get_runtime_context().current_actor)
         self._prune()
@@ -64,6 +69,42 @@ class CommitCoordinator:
         with self._lock:
             self._session, self._world_size = session, world_size
             self._reports = {k: v for k, v in self._reports.items() if k[0] == session}
+        with self._round_cond:
+            self._rounds.begin(session, world_size)
+            self._round_cond.notify_all()
+
+    # --- save rounds ------------------------------------------------------------------------
+
+    def vote(self, session: str, step: int, rank: int, ready: bool, plan_id: str,
+             keys: list[tuple[str, int]] | None, wait_s: float) -> RoundResult | None:
+        """`rank`'s vote in the round of `step`; waits up to `wait_s` for the outcome (None: still
+        open, ask again with `poll_round`)."""
+        with self._round_cond:
+            self._rounds.vote(session, step, rank, ready=ready, plan_id=plan_id, keys=keys)
+            self._round_cond.notify_all()
+            return self._wait_round(session, step, rank, wait_s)
+
+    def poll_round(self, session: str, step: int, rank: int, wait_s: float) -> RoundResult | None:
+        with self._round_cond:
+            return self._wait_round(session, step, rank, wait_s)
+
+    def withdraw_round(self, session: str, step: int, rank: int, why: str) -> None:
+        with self._round_cond:
+            self._rounds.withdraw(session, step, rank, why)
+            self._round_cond.notify_all()
+
+    def round_waiting_for(self, session: str, step: int) -> list[int]:
+        with self._round_cond:
+            return self._rounds.waiting_for(session, step)
+
+    def _wait_round(self, session: str, step: int, rank: int, wait_s: float) -> RoundResult | None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            result = self._rounds.result(session, step, rank)
+            left = deadline - time.monotonic()
+            if result is not None or left <= 0:
+                return result
+            self._round_cond.wait(left)
 
     def shard_durable(self, report: ShardReport) -> None:
         key = (report.session, report.step)
@@ -159,8 +200,10 @@ class CommitCoordinator:
         with self._lock:
             pending = {f"{s}:{step}": sorted(r) for (s, step), r in self._reports.items()}
             pending.update({f"{s}:{step}": "committing" for s, step in self._committing})
+            with self._round_cond:
+                open_rounds = self._rounds.open_rounds()
             return {
-                "session": self._session, "world_size": self._world_size,
+                "session": self._session, "world_size": self._world_size, "open_rounds": open_rounds,
                 "committed_steps": [d.step for d in self._committed],
                 "pending_steps": pending, "counts": dict(self._counts),
                 "commit_latency_s": list(self._latencies),

@@ -1,14 +1,19 @@
-"""Per-rank save pipeline: at most one pending snapshot and one being written.
+"""Per-rank save pipeline: stage snapshots, vote in save rounds, hand claimed steps to the writer.
 
-The training thread stages snapshots (see `RankCheckpointer.save`); a background thread hands
-the pending one to the node-local writer when the previous one is durable: `ray.put` of the
-staging buffers (the rank's object), `writer.receive` (the writer copies it into an object it
-owns, so it outlives this process), then `writer.wait` until the shard is durable or given up.
-The training thread never waits for any of this unless the policy is `block`.
+The training thread only stages (`stage`): it takes a slot (see `slots.py`), copies what a
+forward pass may change, leaves the rest to the copier (`copier.py`) and queues the step's round.
+Two background threads do everything else:
 
-`ray.put` gets numpy views of the staging buffers, which Ray copies into the object store (torch
-tensors would be copied too, unless RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1 made the object alias
-them). That copy runs here, off the training thread, and frees the buffers for the next save.
+- rounds: takes the rounds in step order; votes *ready* once the slot's copy is complete and
+  untorn and this rank's writer is idle (under `coalesce` it stops waiting for the writer when a
+  newer save arrives and votes not ready); asks the commit coordinator for the outcome (see
+  `rounds.py`); for a claimed round `ray.put`s the staging buffers (Ray copies numpy views into
+  the object store, freeing the slot) and calls `writer.receive` (the writer copies that into an
+  object it owns, so it outlives this process).
+- waiter: waits until the writer reports the shard durable or given up.
+
+So the training thread never takes part in a collective or an RPC for saving, and never waits
+for storage unless the policy is `block`.
 """
 
 from __future__ import annotations
@@ -24,108 +29,118 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from ray_resilience.checkpoint.config import CheckpointConfig
-from ray_resilience.checkpoint.snapshot import StagingBuffers
+from ray_resilience.checkpoint.copier import Copier, new_job
+from ray_resilience.checkpoint.rounds import RoundResult
+from ray_resilience.checkpoint.slots import RankSaveStats, Slot, SlotPool, SlotState
+from ray_resilience.checkpoint.state_cache import SaveSource
 from ray_resilience.checkpoint.types import SaveTicket, ShardOutcome, ShardPayload
 
 logger = logging.getLogger(__name__)
 _POLL_S = 2.0
-MAX_BUFFER_SETS = 2
+VOTE_WAIT_S = 1.0
+"""How long one coordinator call waits for a round's outcome before the rank asks again."""
+CALL_TIMEOUT_S = 120.0
 
 
-@dataclasses.dataclass
-class Staged:
-    ticket: SaveTicket
-    buffers: StagingBuffers
-    blobs: list[bytes]
-    extra: bytes
-
-
-class RankSaveStats:
-    """Counters and recent timings of one rank's saves."""
-
-    def __init__(self) -> None:
-        self.counts = collections.Counter()
-        self.blocking_s: collections.deque[float] = collections.deque(maxlen=10_000)
-        self.durable_latency_s: collections.deque[float] = collections.deque(maxlen=10_000)
-        self.last_error: str | None = None
-        self.last_durable_step: int | None = None
-        self.phases: dict[str, collections.deque[float]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=10_000))
-
-    def phase(self, name: str, since: float) -> None:
-        """Records how long a part of the training thread's save took (from `since` until now)."""
-        self.phases[name].append(time.perf_counter() - since)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**dict(self.counts), "blocking_s": list(self.blocking_s),
-                "phases_s": {k: list(v) for k, v in self.phases.items()},
-                "durable_latency_s": list(self.durable_latency_s),
-                "last_error": self.last_error, "last_durable_step": self.last_durable_step}
+@dataclasses.dataclass(eq=False)
+class _Round:
+    session: str
+    step: int
+    slot: Slot | None
+    plan_id: str
+    keys: list[tuple[str, int]]
 
 
 class WriterLink:
     """This rank's current writer; replaced through the coordinator when it dies."""
 
     def __init__(self, *, rank: int, writer: Any, writer_id: str, coordinator: Any) -> None:
-        self.rank, self.handle, self.writer_id, self._coordinator = rank, writer, writer_id, coordinator
+        self.rank, self.handle, self.writer_id, self.coordinator = rank, writer, writer_id, coordinator
 
     def replace(self) -> None:
         dead = self.writer_id
-        self.handle, self.writer_id = ray.get(self._coordinator.replace_writer.remote(self.rank, dead))
+        self.handle, self.writer_id = ray.get(self.coordinator.replace_writer.remote(self.rank, dead))
         logger.warning("rank %d: checkpoint writer %s died; now using %s", self.rank, dead, self.writer_id)
 
 
 class HandoffPipeline:
-    """Slots `pending` (staged, not handed off) and `writing` (handed off, not yet durable)."""
+    """One rank's saves after the training thread let go of them."""
 
-    def __init__(self, *, rank: int, config: CheckpointConfig, link: WriterLink,
-                 stats: RankSaveStats) -> None:
-        self.rank, self.config, self.link, self.stats = rank, config, link, stats
+    def __init__(self, *, rank: int, world_size: int, config: CheckpointConfig, link: WriterLink,
+                 stats: RankSaveStats, copy_delay_s: float = 0.0) -> None:
+        self.rank, self.world_size, self.config, self.link, self.stats = rank, world_size, config, link, stats
         self.cond = threading.Condition()
-        self.pending: Staged | None = None
+        self.pool = SlotPool()
+        self.copier = Copier(rank=rank, cond=self.cond, stats=stats, done=self._copied, delay_s=copy_delay_s)
+        self.session: str | None = None
         self.writing: SaveTicket | None = None
-        self._free: list[StagingBuffers] = []
-        self._num_buffer_sets = 0
-        self.staging_bytes = 0
+        self._rounds: collections.deque[_Round] = collections.deque()
+        self._voting: _Round | None = None
+        self._sent_plans: set[str] = set()
+        self._handed: collections.deque[SaveTicket] = collections.deque()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"rr-ckpt-handoff-r{rank}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=target, name=f"rr-ckpt-{name}-r{rank}", daemon=True)
+                         for name, target in (("rounds", self._run_rounds), ("wait", self._run_waiter))]
+        for thread in self._threads:
+            thread.start()
 
-    # --- training-thread side (callers hold self.cond) -------------------------------------
+    # --- training thread --------------------------------------------------------------------
 
-    def buffers_for(self, items: list, sources: list, *, replace_pending: bool) -> StagingBuffers:
-        """A buffer set for a new snapshot: the pending one's (when replacing it), a free one,
-        or a new one (at most MAX_BUFFER_SETS exist while the structure stays the same)."""
-        if replace_pending and self.pending is not None:
-            self._free.append(self.pending.buffers)
-            self.pending = None
-        for i, buffers in enumerate(self._free):
-            if buffers.matches(items):
-                return self._free.pop(i)
-        while self._free and self._num_buffer_sets >= MAX_BUFFER_SETS:
-            self.staging_bytes -= self._free.pop().nbytes  # structure changed: drop a stale set
-            self._num_buffer_sets -= 1
-        buffers = StagingBuffers(items, sources)
-        self._num_buffer_sets += 1
-        self.staging_bytes += buffers.nbytes
-        return buffers
-
-    def set_pending(self, staged: Staged) -> None:
-        self.pending = staged
-        self.cond.notify_all()
-
-    def drop_pending(self) -> None:
-        """Forgets the pending snapshot (a new attempt starts; it belongs to the old one)."""
+    def begin_session(self, session: str) -> None:
+        """A new attempt: rounds and unvoted snapshots of the old session are dropped."""
         with self.cond:
-            if self.pending is not None:
-                self._free.append(self.pending.buffers)
-                self.pending = None
+            self.session, self._sent_plans = session, set()
+            for rnd in [r for r in self._rounds if r is not self._voting]:
+                self._rounds.remove(rnd)
+            dropped = self.pool.drop_unvoted()
+            self.stats.counts["dropped_at_restart"] += dropped
+            self.cond.notify_all()
+
+    def stage(self, step: int, source: SaveSource, extra: bytes, *, copy_all_now: bool) -> bool:
+        """Takes the snapshot of `step` (or skips it, per policy) and queues its round."""
+        policy = self.config.in_flight_policy
+        with self.cond:
+            slot = None
+            if policy == "skip" and (self.pool.busy() or self.writing is not None or self._rounds):
+                self.stats.counts["skipped"] += 1
+            else:
+                slot, withdrawn = self.pool.acquire(source.items, source.tensors,
+                                                    may_withdraw=policy == "coalesce")
+                if withdrawn is not None:
+                    self._withdraw(withdrawn)
+                if slot is None:
+                    self.stats.counts["skipped"] += 1  # every slot still in use: never wait
+            if slot is not None:
+                slot.ticket = SaveTicket(session=self.session, step=step, rank=self.rank,
+                                         world_size=self.world_size, items=source.items, owned=[],
+                                         planner_data=source.planner_data, staged_at=time.time())
+                slot.state, slot.blobs, slot.extra = SlotState.COPYING, source.blobs, extra
+            self._rounds.append(_Round(self.session, step, slot, source.plan_id, source.keys))
+            self.cond.notify_all()
+        if slot is None:
+            return False
+        later = set() if copy_all_now else set(source.overlap)
+        slot.buffers.copy_now(source.tensors, [i for i in range(len(source.tensors)) if i not in later])
+        with self.cond:
+            if later:
+                self.copier.submit(new_job(slot, source.tensors, sorted(later), source.holders, source.names))
+            else:
+                self._copied(slot, None)
+        self.stats.counts["staged"] += 1
+        return True
+
+    def _withdraw(self, slot: Slot) -> None:
+        for rnd in self._rounds:
+            if rnd.slot is slot:
+                rnd.slot = None
+        slot.release()
+        self.stats.counts["coalesced"] += 1
 
     def busy(self) -> bool:
-        return self.pending is not None or self.writing is not None
+        return self.pool.busy() or self.writing is not None or bool(self._rounds)
 
     def wait_idle(self, timeout_s: float | None, *, why: str) -> bool:
-        """Waits until nothing is pending or being written; warns periodically."""
+        """Waits until nothing is staged, voted on or being written; warns periodically."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         start = time.monotonic()
         with self.cond:
@@ -135,59 +150,174 @@ class HandoffPipeline:
                     return False
                 wait = self.config.warn_interval_s if left is None else min(left, self.config.warn_interval_s)
                 if not self.cond.wait(wait) and self.busy():
-                    logger.warning("rank %d: %s; still waiting after %.0f s for step %s to become durable",
-                                   self.rank, why, time.monotonic() - start,
-                                   self.writing.step if self.writing else self.pending.ticket.step)
+                    logger.warning("rank %d: %s; still waiting after %.0f s (%s)", self.rank, why,
+                                   time.monotonic() - start, self.describe())
             return not self.busy()
+
+    def describe(self) -> str:
+        slots = ", ".join(f"step {s.step} {s.state.value}" for s in self.pool.slots if s.state.busy)
+        writing = f"step {self.writing.step} being written" if self.writing else "writer idle"
+        return f"{slots or 'no snapshot held'}; {writing}; {len(self._rounds)} round(s) open"
 
     def close(self) -> None:
         with self.cond:
             self._closed = True
-            self.pending = None
             self.cond.notify_all()
-        self._thread.join(timeout=_POLL_S + 5.0)
+        self.copier.close()
+        for thread in self._threads:
+            thread.join(timeout=_POLL_S + VOTE_WAIT_S + 5.0)
 
-    # --- background thread ------------------------------------------------------------------
+    # --- copier callback (holds the condition) -----------------------------------------------
 
-    def _run(self) -> None:
+    def _copied(self, slot: Slot, torn: str | None) -> None:
+        if torn is not None:
+            self.stats.counts["torn"] += 1
+        if slot.ticket is None or slot.ticket.session != self.session or self._closed:
+            slot.release()  # a new session began while it was being copied
+        else:
+            slot.state, slot.torn = SlotState.STAGED, torn
+        self.cond.notify_all()
+
+    # --- rounds thread ----------------------------------------------------------------------
+
+    def _run_rounds(self) -> None:
         while True:
             with self.cond:
-                while not self._closed and (self.pending is None or self.writing is not None):
+                while not self._closed and not self._rounds:
                     self.cond.wait()
                 if self._closed:
                     return
-                staged, self.pending = self.pending, None
-                self.writing = staged.ticket
-            try:
-                outcome = self._hand_off(staged)
-            except Exception as exc:  # noqa: BLE001 - never leave the writing slot taken
-                logger.exception("rank %d: checkpoint hand-off of step %d failed", self.rank,
-                                 staged.ticket.step)
-                outcome = ShardOutcome(staged.ticket.session, staged.ticket.step, False, repr(exc))
-            self._record(staged.ticket, outcome)
+                rnd = self._voting = self._rounds[0]
+                ready = self._wait_ready(rnd)
+                keys = None if rnd.plan_id in self._sent_plans else rnd.keys
+            result = self._vote(rnd, ready, keys)
             with self.cond:
-                self.writing = None
+                self._voting = None
+                if self._rounds and self._rounds[0] is rnd:
+                    self._rounds.popleft()
+                slot = rnd.slot
+                claimed = result.claimed and slot is not None and slot.state is SlotState.VOTING \
+                    and rnd.session == self.session and not self._closed
+                if claimed:
+                    slot.state = SlotState.PUTTING
+                elif slot is not None and slot.step == rnd.step and slot.state in (
+                        SlotState.VOTING, SlotState.STAGED):
+                    self.stats.counts["coalesced" if result.reason.startswith("not ready") else "not_claimed"] += 1
+                    slot.release()
                 self.cond.notify_all()
+            if claimed:
+                self._hand_off(slot, result.owned)
 
-    def _hand_off(self, staged: Staged) -> ShardOutcome:
-        ticket = staged.ticket
+    def _wait_ready(self, rnd: _Round) -> bool:
+        """Under the condition: True (slot now VOTING) or False, once this rank knows."""
+        while True:
+            slot = rnd.slot
+            if self._closed or rnd.session != self.session or slot is None or slot.step != rnd.step:
+                return False
+            if slot.state is SlotState.COPYING:
+                if slot.event is not None:
+                    self.copier.settle_gpu(slot)
+                else:
+                    self.cond.wait()
+                continue
+            if slot.torn is not None:
+                return False
+            if self.writing is None and not self.pool.in_state(SlotState.PUTTING):
+                slot.state = SlotState.VOTING
+                return True
+            if self.config.in_flight_policy == "coalesce" and len(self._rounds) > 1:
+                return False  # a newer save is here: it replaces this one
+            self.cond.wait(self.config.warn_interval_s)
+
+    def _vote(self, rnd: _Round, ready: bool, keys: list | None) -> RoundResult:
+        coordinator, deadline = self.link.coordinator, time.monotonic() + self.config.write_timeout_s
+        if rnd.session != self.session:
+            return RoundResult(False, "session ended")
         try:
-            staged.buffers.wait_ready()
-            ref = ray.put(ShardPayload(staged.buffers.arrays, staged.blobs, staged.extra))
-        except Exception as exc:  # noqa: BLE001 - a failed hand-off loses this save only
-            return ShardOutcome(ticket.session, ticket.step, False, f"ray.put failed: {exc}")
-        finally:
-            with self.cond:
-                self._free.append(staged.buffers)
-        return self._deliver(ticket, [ref])
+            result = ray.get(coordinator.vote.remote(rnd.session, rnd.step, self.rank, ready, rnd.plan_id,
+                                                     keys, VOTE_WAIT_S if ready else 0.0),
+                             timeout=CALL_TIMEOUT_S)
+            if keys is not None:
+                with self.cond:
+                    self._sent_plans.add(rnd.plan_id)
+            if not ready:
+                return result or RoundResult(False, "not ready: this rank")
+            next_warning = time.monotonic() + self.config.warn_interval_s
+            while result is None:
+                if self._closed or rnd.session != self.session:
+                    return RoundResult(False, "session ended")
+                now = time.monotonic()
+                if now > deadline:
+                    why = f"no outcome within CheckpointConfig.write_timeout_s={self.config.write_timeout_s}"
+                    coordinator.withdraw_round.remote(rnd.session, rnd.step, self.rank, why)
+                    return RoundResult(False, why)
+                if now > next_warning:
+                    missing = ray.get(coordinator.round_waiting_for.remote(rnd.session, rnd.step),
+                                      timeout=CALL_TIMEOUT_S)
+                    logger.warning("rank %d: checkpoint step %d waits for ranks %s to be ready",
+                                   self.rank, rnd.step, missing)
+                    next_warning = now + self.config.warn_interval_s
+                result = ray.get(coordinator.poll_round.remote(rnd.session, rnd.step, self.rank, VOTE_WAIT_S),
+                                 timeout=CALL_TIMEOUT_S)
+            return result
+        except Exception as exc:  # noqa: BLE001 - this save is lost; training goes on
+            logger.warning("rank %d: checkpoint step %d: commit coordinator unreachable (%s)",
+                           self.rank, rnd.step, exc)
+            return RoundResult(False, f"coordinator unreachable: {type(exc).__name__}")
 
-    def _deliver(self, ticket: SaveTicket, boxed: list) -> ShardOutcome:
-        deadline = time.monotonic() + self.config.write_timeout_s
+    def _hand_off(self, slot: Slot, owned: tuple[bool, ...]) -> None:
+        ticket = dataclasses.replace(slot.ticket, owned=list(owned))
+        try:
+            ref = ray.put(ShardPayload(slot.buffers.arrays, slot.blobs, slot.extra))
+        except Exception as exc:  # noqa: BLE001 - a failed hand-off loses this save only
+            with self.cond:
+                slot.release()
+                self.cond.notify_all()
+            self._record(ticket, ShardOutcome(ticket.session, ticket.step, False, f"ray.put failed: {exc}"))
+            return
+        with self.cond:
+            slot.release()
+            self.writing = ticket
+            self.cond.notify_all()
+        outcome = self._receive(ticket, [ref])
+        if outcome is not None:
+            self._finish_write(ticket, outcome)
+            return
+        with self.cond:
+            self._handed.append(ticket)
+            self.cond.notify_all()
+
+    def _receive(self, ticket: SaveTicket, boxed: list) -> ShardOutcome | None:
+        """Gives the writer the object; None when it took it, else the failed outcome."""
         writer_id = self.link.writer_id
         try:
             ray.get(self.link.handle.receive.remote(ticket, boxed), timeout=self.config.write_timeout_s)
-            boxed.clear()  # the writer holds its own copy now; free ours
-            next_warning = time.monotonic() + self.config.warn_interval_s
+            return None
+        except RayActorError as exc:
+            self._replace_writer()
+            return ShardOutcome(ticket.session, ticket.step, False,
+                                f"writer {writer_id} died during the save ({type(exc).__name__})")
+        except GetTimeoutError:
+            return ShardOutcome(ticket.session, ticket.step, False, f"writer {writer_id} did not answer")
+        finally:
+            boxed.clear()  # the writer holds its own copy now (or the save is lost); free ours
+
+    # --- waiter thread ----------------------------------------------------------------------
+
+    def _run_waiter(self) -> None:
+        while True:
+            with self.cond:
+                while not self._closed and not self._handed:
+                    self.cond.wait()
+                if self._closed:
+                    return
+                ticket = self._handed.popleft()
+            self._finish_write(ticket, self._wait_durable(ticket))
+
+    def _wait_durable(self, ticket: SaveTicket) -> ShardOutcome:
+        deadline = time.monotonic() + self.config.write_timeout_s
+        writer_id, next_warning = self.link.writer_id, time.monotonic() + self.config.warn_interval_s
+        try:
             while True:
                 outcome = ray.get(self.link.handle.wait.remote(ticket.key, _POLL_S), timeout=_POLL_S + 60)
                 if outcome is not None:
@@ -208,6 +338,13 @@ class HandoffPipeline:
                                 f"writer {writer_id} died during the save ({type(exc).__name__})")
         except GetTimeoutError:
             return ShardOutcome(ticket.session, ticket.step, False, f"writer {writer_id} did not answer")
+
+    def _finish_write(self, ticket: SaveTicket, outcome: ShardOutcome) -> None:
+        self._record(ticket, outcome)
+        with self.cond:
+            if self.writing is ticket:
+                self.writing = None
+            self.cond.notify_all()
 
     def _replace_writer(self) -> None:
         try:

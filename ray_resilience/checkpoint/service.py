@@ -54,8 +54,10 @@ class CheckpointService:
         storage = CheckpointStorage.for_run(storage_path, run_name, storage_filesystem)
         storage.check_writable()
         here = ray.get_runtime_context().get_node_id()
+        # Every rank may hold one call waiting on a save round, besides writers and the supervisor.
+        concurrency = max(COORDINATOR_MAX_CONCURRENCY, 2 * world_size + 16)
         coordinator = ray.remote(CommitCoordinator).options(
-            num_cpus=0, max_concurrency=COORDINATOR_MAX_CONCURRENCY, max_restarts=0,
+            num_cpus=0, max_concurrency=concurrency, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
         ).remote(storage=storage, config=config)
         try:

@@ -3,9 +3,8 @@
 Called on the training thread. Building the state dict and flattening it costs a few ms; the DCP
 plan (which item lives where) is rebuilt only when the state's structure changes. The snapshot is
 a copy of the rank's own shards (DTensor local tensors) into buffers allocated once: pinned
-host memory with a non-blocking device-to-host copy on GPU (ordered before later kernels on the
-same stream), a plain memcpy on CPU. After `fill` returns, the optimizer may change the live
-tensors: the buffers keep the values of the save.
+host memory filled by non-blocking device-to-host copies on a side stream on GPU, a plain memcpy
+on CPU. When the copy runs and what may change the live tensors meanwhile: see `copier.py`.
 """
 
 from __future__ import annotations
@@ -64,15 +63,19 @@ class CapturedState:
         for item in items:
             if is_tensor_item(item):
                 tensors.append(self.planner.resolve_data(item).detach())
-                continue
-            value = self.planner.lookup_object(item.index)
-            cached = cache.get(item.index.fqn)
-            if cached is None or type(cached[0]) is not type(value) or not _same(cached[0], value):
-                buffer = io.BytesIO()
-                torch.save(value, buffer)
-                cached = cache[item.index.fqn] = (copy.deepcopy(value), buffer.getvalue())
-            blobs.append(cached[1])
+            else:
+                blobs.append(serialize_item(item.index.fqn, self.planner.lookup_object(item.index), cache))
         return tensors, blobs
+
+
+def serialize_item(fqn: str, value: Any, cache: dict[str, tuple[Any, bytes]]) -> bytes:
+    """`torch.save` bytes of a byte item's value, reused while the value stays equal."""
+    cached = cache.get(fqn)
+    if cached is None or type(cached[0]) is not type(value) or not _same(cached[0], value):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        cached = cache[fqn] = (copy.deepcopy(value), buffer.getvalue())
+    return cached[1]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -97,7 +100,7 @@ class StagingBuffers:
         tensor_items = [i for i in items if is_tensor_item(i)]
         self.key = tuple((tuple(i.tensor_data.chunk.sizes), i.tensor_data.properties.dtype)
                          for i in tensor_items)
-        self._event: Any = None
+        self._items = items
         self.buffers = [
             torch.empty(tuple(item.tensor_data.chunk.sizes), dtype=item.tensor_data.properties.dtype,
                         pin_memory=src.is_cuda)
@@ -108,25 +111,34 @@ class StagingBuffers:
         self.nbytes = sum(item_nbytes(i) for i in tensor_items)
 
     def matches(self, items: list[WriteItem]) -> bool:
+        if items is self._items:  # the cached plan of the same state: same layout
+            return True
         key = tuple((tuple(i.tensor_data.chunk.sizes), i.tensor_data.properties.dtype)
                     for i in items if is_tensor_item(i))
         return key == self.key
 
-    def fill(self, sources: list[torch.Tensor]) -> None:
-        """Copies the live tensors in. On GPU the copies are queued on the current stream and
-        an event marks their completion; `wait_ready` waits for it (off the training thread)."""
-        on_gpu = False
-        for buf, src in zip(self.buffers, sources, strict=True):
-            if src.is_cuda:
-                on_gpu = True
-                buf.copy_(src, non_blocking=True)
-            else:
-                buf.copy_(src)
-        if on_gpu:
-            self._event = torch.cuda.Event()
-            self._event.record()
+    def copy_now(self, sources: list[torch.Tensor], which: list[int]) -> None:
+        """Copies `sources[i]` into buffer i for each i in `which`, returning when done.
 
-    def wait_ready(self) -> None:
-        if self._event is not None:
-            self._event.synchronize()
-            self._event = None
+        One `_foreach_copy_` call: the GIL is released once for all the tensors, not re-taken
+        between them (on a background thread, per-tensor copies queue behind the training
+        thread's Python for the GIL, tensor after tensor)."""
+        if not which:
+            return
+        targets, origins = [self.buffers[i] for i in which], [sources[i] for i in which]
+        try:
+            torch._foreach_copy_(targets, origins)
+        except (RuntimeError, TypeError):  # mixed devices or an op this build lacks
+            for target, origin in zip(targets, origins, strict=True):
+                target.copy_(origin)
+
+    def copy_on_stream(self, sources: list[torch.Tensor], which: list[int], stream: Any) -> Any:
+        """GPU: queues the device-to-host copies on `stream` (after the work already queued on
+        the current stream) and returns the CUDA event that marks their end."""
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in which:
+                self.buffers[i].copy_(sources[i], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return event

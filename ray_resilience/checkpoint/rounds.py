@@ -1,0 +1,126 @@
+"""Save rounds: which step every rank hands to its writer, decided by the commit coordinator.
+
+Every rank calls `save` at the same steps, and each save is a round. A rank's hand-off thread
+(never its training thread) votes in each round, in step order, once it knows whether it is
+*ready*: its snapshot of that step is complete and untorn and its writer is idle. A round is
+*claimed* when every rank of the session voted ready; then, and only then, every rank hands that
+step off, so no rank writes a step the others dropped. A vote for a later step closes the
+voter's earlier open rounds as not claimed (it will never vote in them).
+
+Rounds also carry each rank's plan (its item keys and sizes) so the coordinator can say which
+rank writes each replicated item (`agreement.assign_owners`), computed once per plan combination.
+`RoundTable` is plain bookkeeping without locks; the coordinator serializes calls into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ray_resilience.checkpoint.agreement import assign_owners
+
+MAX_ROUNDS_KEPT = 256
+"""Resolved rounds remembered per session (ranks fetch their result right after resolution)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+    """What one rank learns about one round."""
+
+    claimed: bool
+    reason: str
+    """"claimed", "not ready: ranks [..]", "rank r moved on", "session ended", "plan unknown"."""
+    owned: tuple[bool, ...] | None = None
+    """When claimed: for each of the asking rank's items, whether it writes that item."""
+
+
+@dataclasses.dataclass
+class _Round:
+    votes: dict[int, tuple[bool, str]] = dataclasses.field(default_factory=dict)
+    """rank -> (ready, plan id)."""
+    outcome: tuple[bool, str] | None = None
+    owners: list[list[bool]] | None = None
+
+
+class RoundTable:
+    """The rounds of the current session."""
+
+    def __init__(self) -> None:
+        self.session: str | None = None
+        self.world_size = 0
+        self._rounds: dict[int, _Round] = {}
+        self._plans: dict[int, dict[str, list[tuple[str, int]]]] = {}
+        self._owners: dict[tuple[str, ...], list[list[bool]]] = {}
+
+    def begin(self, session: str, world_size: int) -> None:
+        """A new attempt: every round of the previous session ends unclaimed."""
+        self.session, self.world_size = session, world_size
+        self._rounds, self._plans, self._owners = {}, {}, {}
+
+    def vote(self, session: str, step: int, rank: int, *, ready: bool, plan_id: str,
+             keys: list[tuple[str, int]] | None) -> None:
+        """Records `rank`'s vote in round `step`; `keys` travel once per plan and session."""
+        if session != self.session:
+            return
+        if keys is not None:
+            self._plans.setdefault(rank, {})[plan_id] = list(keys)
+        for earlier, rnd in self._rounds.items():
+            if earlier < step and rnd.outcome is None and rank not in rnd.votes:
+                rnd.outcome = (False, f"rank {rank} moved on to step {step}")
+        rnd = self._rounds.setdefault(step, _Round())
+        if rnd.outcome is None:
+            rnd.votes[rank] = (bool(ready), plan_id)
+            if len(rnd.votes) >= self.world_size:
+                self._resolve(rnd)
+        self._forget_old()
+
+    def withdraw(self, session: str, step: int, rank: int, why: str) -> None:
+        """`rank` gave up waiting on round `step`: if still open, it ends unclaimed."""
+        rnd = self._rounds.get(step) if session == self.session else None
+        if rnd is not None and rnd.outcome is None:
+            rnd.outcome = (False, f"rank {rank} gave up: {why}")
+
+    def result(self, session: str, step: int, rank: int) -> RoundResult | None:
+        """The round's outcome for `rank`; None while it is open."""
+        if session != self.session:
+            return RoundResult(False, "session ended")
+        rnd = self._rounds.get(step)
+        if rnd is None:
+            return RoundResult(False, "round unknown (forgotten or never opened)")
+        if rnd.outcome is None:
+            return None
+        claimed, reason = rnd.outcome
+        if not claimed:
+            return RoundResult(False, reason)
+        return RoundResult(True, reason, tuple(rnd.owners[rank]))
+
+    def waiting_for(self, session: str, step: int) -> list[int]:
+        """Ranks that have not voted in an open round (for the waiting ranks' warnings)."""
+        rnd = self._rounds.get(step) if session == self.session else None
+        if rnd is None or rnd.outcome is not None:
+            return []
+        return [r for r in range(self.world_size) if r not in rnd.votes]
+
+    def _resolve(self, rnd: _Round) -> None:
+        not_ready = sorted(r for r, (ready, _) in rnd.votes.items() if not ready)
+        if not_ready:
+            rnd.outcome = (False, f"not ready: ranks {not_ready}")
+            return
+        plan_ids = tuple(rnd.votes[r][1] for r in range(self.world_size))
+        owners = self._owners.get(plan_ids)
+        if owners is None:
+            try:
+                keys = [self._plans[r][pid] for r, pid in enumerate(plan_ids)]
+            except KeyError:
+                rnd.outcome = (False, "plan unknown")
+                return
+            owners = self._owners[plan_ids] = assign_owners(keys)
+        rnd.owners, rnd.outcome = owners, (True, "claimed")
+
+    def _forget_old(self) -> None:
+        while len(self._rounds) > MAX_ROUNDS_KEPT:
+            self._rounds.pop(min(self._rounds))
+
+    def open_rounds(self) -> dict[int, Any]:
+        """Open rounds and who voted, for `stats()`."""
+        return {step: sorted(r.votes) for step, r in self._rounds.items() if r.outcome is None}

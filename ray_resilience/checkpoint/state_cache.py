@@ -1,0 +1,213 @@
+"""What a save copies, found in a fraction of a millisecond from the second save of an attempt on.
+
+Building the DCP state dict of an FSDP2 model and its optimizer costs 10-15 ms for a 30M-parameter
+model and planning it another 25 ms. Between two saves of one attempt the state keeps its
+structure: the same parameter and optimizer-state objects hold new values. `StateCache` keeps
+the plan and the live local tensors behind it and reuses them while a fingerprint matches: the
+identity and storage address of every parameter, buffer, param-group tensor and optimizer-state
+value, plus the setting names of every param group. Any difference rebuilds from scratch. Byte
+items (the param groups' settings, such as a scheduled learning rate) are re-read from
+`optimizer.param_groups` at every save; a state whose byte items are anything else is rebuilt at
+every save (correct, just slower).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from ray_resilience.checkpoint.snapshot import CapturedState, capture, serialize_item
+from ray_resilience.checkpoint.types import is_tensor_item, item_nbytes
+
+
+@dataclasses.dataclass
+class SaveSource:
+    """One save's inputs: the plan, the live tensors and the serialized byte items."""
+
+    items: list
+    planner_data: dict
+    plan_id: str
+    keys: list[tuple[str, int]]
+    """Per item: (name|offset, bytes); the coordinator assigns replicated items from these."""
+    tensors: list[torch.Tensor]
+    """The live local tensors of the tensor items, in item order."""
+    names: list[str]
+    holders: list[torch.Tensor]
+    """Per tensor: the object in-place writes go through (for a DTensor's local shard, the
+    DTensor: its version counter moves, the local tensor's does not)."""
+    overlap: list[int]
+    """Indices into `tensors` only the optimizer step changes (parameters, optimizer state):
+    these may be copied after `save` returns. The rest (buffers) are copied before."""
+    blobs: list[bytes]
+
+
+@dataclasses.dataclass
+class _Plan:
+    items: list
+    planner_data: dict
+    plan_id: str
+    keys: list[tuple[str, int]]
+
+
+@dataclasses.dataclass
+class _Entry:
+    fingerprint: tuple
+    pinned: list
+    """Strong references that keep the ids in `fingerprint` from being reused."""
+    plan: _Plan
+    tensors: list[torch.Tensor]
+    names: list[str]
+    holders: list[torch.Tensor]
+    overlap: list[int]
+    getters: list[tuple[int, str] | None] | None
+    """Per byte item: (group index, setting) to re-read, or None for a constant; None: no fast path."""
+    constant_blobs: list[bytes]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _ptr(t: Any) -> int:
+    return (t._local_tensor if type(t) is DTensor or isinstance(t, DTensor) else t).data_ptr()
+
+
+def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[tuple, list]:
+    """(fingerprint, objects it names). Equal fingerprints while the objects are pinned mean the
+    same tensors in the same storage. Built with C-level iteration where it can be: it runs at
+    every save (0.1-0.2 ms for 100-300 tensors)."""
+    modules = list(model.modules())
+    objects: list[Any] = [t for mod in modules for t in mod._parameters.values()]
+    objects += [t for mod in modules for t in mod._buffers.values()]
+    settings: list[tuple] = []
+    if optimizer is not None:
+        state = optimizer.state
+        for group in optimizer.param_groups:
+            settings.append(tuple(group))
+            objects += [v for v in group.values() if isinstance(v, torch.Tensor)]
+            params = group["params"]
+            objects += params  # which parameters each group holds
+            for entry in map(state.get, params):
+                if entry:  # a new or replaced state value changes the ids below
+                    objects += entry.values()
+    ids = tuple(map(id, objects))
+    ptrs = tuple(_ptr(t) for t in objects if isinstance(t, torch.Tensor))
+    objects += (model, optimizer)
+    return (id(model), id(optimizer), ids, ptrs, tuple(settings)), objects
+
+
+class StateCache:
+    """Per rank; used on the training thread only."""
+
+    def __init__(self) -> None:
+        self._entry: _Entry | None = None
+        self._plans: dict[tuple, _Plan] = {}
+        self._blob_cache: dict[str, tuple[Any, bytes]] = {}
+
+    def clear(self) -> None:
+        """Forgets every reference to the model and optimizer (an attempt ended)."""
+        self._entry = None
+        self._blob_cache.clear()
+
+    def source(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> SaveSource:
+        fp, pinned = fingerprint(model, optimizer)
+        entry = self._entry
+        if entry is None or entry.getters is None or entry.fingerprint != fp:
+            self._entry, blobs = self._build(model, optimizer, fp, pinned)
+            return self._source(self._entry, blobs)
+        blobs, constants = [], iter(entry.constant_blobs)
+        byte_items = [i for i in entry.plan.items if not is_tensor_item(i)]
+        for item, getter in zip(byte_items, entry.getters, strict=True):
+            if getter is None:
+                blobs.append(next(constants))
+            else:
+                value = optimizer.param_groups[getter[0]][getter[1]]
+                blobs.append(serialize_item(item.index.fqn, value, self._blob_cache))
+        return self._source(entry, blobs)
+
+    @staticmethod
+    def _source(entry: _Entry, blobs: list[bytes]) -> SaveSource:
+        plan = entry.plan
+        return SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys, entry.tensors,
+                          entry.names, entry.holders, entry.overlap, blobs)
+
+    def _build(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, fp: tuple,
+               pinned: list) -> tuple[_Entry, list[bytes]]:
+        state = capture(model, optimizer)
+        plan = self._plans.get(state.signature)
+        if plan is None:
+            plan = self._plans[state.signature] = _new_plan(state)
+        tensors, blobs = state.sources(plan.items, self._blob_cache)
+        tensor_items = [i for i in plan.items if is_tensor_item(i)]
+        stepped = _stepped_tensors(model, optimizer)
+        others = {_storage(t): t for t in model.buffers()}
+        holders = [_holder(t, stepped, others) for t in tensors]
+        overlap = [i for i, t in enumerate(tensors) if _storage(t) in stepped]
+        getters, constants = _byte_getters(state, plan.items, optimizer, blobs)
+        entry = _Entry(fp, pinned, plan, tensors, [i.index.fqn for i in tensor_items], holders,
+                       overlap, getters, constants)
+        return entry, blobs
+
+
+def _new_plan(state: CapturedState) -> _Plan:
+    items, planner_data = state.build_items()
+    keys = [(f"{i.index.fqn}|{tuple(i.index.offset or ())}", item_nbytes(i)) for i in items]
+    plan_id = hashlib.sha1(repr(keys).encode()).hexdigest()[:16]
+    return _Plan(items, planner_data, plan_id, keys)
+
+
+def _holder(t: torch.Tensor, *maps: dict[int, torch.Tensor]) -> torch.Tensor:
+    for found in maps:
+        holder = found.get(_storage(t))
+        if holder is not None:
+            return holder
+    return t
+
+
+def _storage(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage().data_ptr()
+
+
+def _stepped_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                     ) -> dict[int, torch.Tensor]:
+    """Storage address -> parameter or optimizer-state tensor: what only `optimizer.step` changes
+    (empty without an optimizer, so everything is copied before `save` returns)."""
+    if optimizer is None:
+        return {}
+    found = {_storage(p): p for p in model.parameters()}
+    for state in optimizer.state.values():
+        found.update((_storage(v), v) for v in state.values() if torch.is_tensor(v))
+    return found
+
+
+def _byte_getters(state: CapturedState, items: list, optimizer: torch.optim.Optimizer | None,
+                  blobs: list[bytes]) -> tuple[list[tuple[int, str] | None] | None, list[bytes]]:
+    """How to re-read each byte item cheaply; (None, []) when some item cannot be re-read."""
+    getters: list[tuple[int, str] | None] = []
+    constants: list[bytes] = []
+    byte_items = [i for i in items if not is_tensor_item(i)]
+    for item, blob in zip(byte_items, blobs, strict=True):
+        path = state.planner.mappings.get(item.index.fqn, ())
+        if optimizer is None or len(path) != 4 or path[:2] != ("optimizer", "param_groups") \
+                or not isinstance(path[2], int) or path[2] >= len(optimizer.param_groups):
+            return None, []
+        if path[3] == "params":  # parameter names: fixed while the fingerprint holds
+            getters.append(None)
+            constants.append(blob)
+            continue
+        group = optimizer.param_groups[path[2]]
+        if path[3] not in group or not _equal(group[path[3]], state.planner.lookup_object(item.index)):
+            return None, []
+        getters.append((path[2], path[3]))
+    return getters, constants
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a plain equality are not re-read
+        return False
