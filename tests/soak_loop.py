@@ -17,10 +17,21 @@ from ray_resilience.examples.llama import build_model, causal_lm_loss
 SAMPLES: dict[int, dict[str, int]] = {}
 
 
-def _usage() -> dict[str, int]:
+def _fd_targets() -> list[str]:
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:  # closed while listing (the listing's own descriptor)
+            pass
+    return sorted(targets)
+
+
+def _usage() -> dict:
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
-    return {"rss": rss_pages * os.sysconf("SC_PAGE_SIZE"), "fds": len(os.listdir("/proc/self/fd")),
+    targets = _fd_targets()
+    return {"rss": rss_pages * os.sysconf("SC_PAGE_SIZE"), "fds": len(targets), "fd_targets": targets,
             "threads": threading.active_count(),
             "thread_names": sorted(t.name for t in threading.enumerate())}
 

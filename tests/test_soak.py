@@ -1,10 +1,12 @@
 """Soak: 100 consecutive in-process restarts without leaking memory, descriptors or threads.
 
-Measured here (2026-11-29): resident memory climbs ~10% over the first ~50 restarts (allocator
-and cache warm-up) and is then flat (+1.3% from restart 50 to 100), so the memory check is on
-the second half, where any per-restart leak would show as steady growth. Descriptors and our
-own threads must be back at their level exactly (descriptors: from restart 5 on; one or two
-open once during the first restarts). "Dummy-N" threads are Ray's C++ executor
+Resident memory: the issue's bound is < 10% growth over the 100 restarts. Measured here
+(2026-12-01): the live heap grows ~2 MB in all; before teardown called `malloc_trim`, glibc kept
+each attempt's freed memory resident and a worker grew ~15%; now 5-8% (most of it over the first
+~30 restarts, as Ray's executor threads and their arenas appear), and the second half must be
+flat (< 3%), where a per-restart leak would show as steady growth. Descriptors and our own threads
+must be back at their level exactly (descriptors: from restart 5 on; one or two open once during
+the first restarts; the assertion lists what changed). "Dummy-N" threads are Ray's C++ executor
 threads of the threaded actor (at most WORKER_MAX_CONCURRENCY), not ours.
 """
 
@@ -38,8 +40,11 @@ def test_hundred_inprocess_restarts_leak_nothing(ray_session, tmp_path):
     for value in result.return_values:
         samples = value["samples"]
         first, settled, warm, end = samples[1], samples[5], samples[WARM], samples[RESTARTS]
+        assert end["rss"] < first["rss"] * 1.10, (first["rss"], end["rss"])
         assert end["rss"] < warm["rss"] * 1.03, (warm["rss"], end["rss"])
         # 1-2 descriptors open once during the first restarts (Ray/gloo, lazily), then never more.
-        assert end["fds"] == settled["fds"], (settled["fds"], end["fds"])
+        opened = sorted(set(end["fd_targets"]) - set(settled["fd_targets"]))
+        closed = sorted(set(settled["fd_targets"]) - set(end["fd_targets"]))
+        assert end["fds"] == settled["fds"], {"opened": opened, "closed": closed}
         assert len(_own_threads(end)) == len(_own_threads(first)), (first, end)
         assert end["threads"] - len(_own_threads(end)) <= WORKER_MAX_CONCURRENCY

@@ -18,11 +18,10 @@ import time
 
 import torch.distributed as dist
 
+from ray_resilience._internal.heap import trim_heap
 from ray_resilience._internal.torch_globals import release_attempt_globals
 
 logger = logging.getLogger(__name__)
-
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TeardownReport:
@@ -36,6 +35,8 @@ class TeardownReport:
     """DeviceMesh objects alive after gc (0 when not counted). Non-zero: something still holds
     the old model, optimizer or a mesh (``surviving_mesh_holders`` names the holders' types)."""
     surviving_mesh_holders: tuple[str, ...]
+    heap_released_bytes: int
+    """Resident bytes the allocator gave back to the OS after collection (see ``heap.py``)."""
     duration_s: float
 
 
@@ -87,10 +88,11 @@ def teardown_process_groups(*, count_meshes: bool = True) -> TeardownReport:
     gc.collect()
     meshes = _live_device_meshes() if count_meshes else []
     holders = _holder_types(meshes)
-    report = TeardownReport(groups_destroyed=groups, globals_released=tuple(released),
-                            device_meshes_alive=len(meshes), surviving_mesh_holders=holders,
-                            duration_s=time.monotonic() - start)
+    meshes_alive = len(meshes)
     meshes.clear()
+    report = TeardownReport(groups_destroyed=groups, globals_released=tuple(released),
+                            device_meshes_alive=meshes_alive, surviving_mesh_holders=holders,
+                            heap_released_bytes=trim_heap(), duration_s=time.monotonic() - start)
     if report.device_meshes_alive:
         logger.warning("%d device meshes survived teardown, held by %s: the old model, "
                        "optimizer or an exception traceback is still referenced",
