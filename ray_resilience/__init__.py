@@ -14,17 +14,18 @@ from ray_resilience.errors import (
 from ray_resilience.faults import Fault, FaultKind, FaultPlan, InjectedFault
 from ray_resilience.goodput import GoodputReport, RunTimeline, compute_goodput
 from ray_resilience.recovery import (
-    Compose, FaultCounter, InJobConfig, InProcessConfig, MaxAttempts, NoProgressLimit,
-    RecoveryState)
+    Compose, FaultCounter, InJobConfig, InProcessConfig, MaxAttempts, NodeExclusion,
+    NoProgressLimit, RecoveryState)
 from ray_resilience.result import Result
 from ray_resilience.timeouts import AdaptiveTimeouts
 from ray_resilience.trainer import ResilientTrainer
 
 __all__ = [
-    "AdaptiveTimeouts", "CheckpointConfig", "LoadedCheckpoint",    "CheckpointState", "Compose", "Fault", "FaultCounter", "FaultKind", "FaultPlan",
-    "GoodputReport", "InJobConfig", "InProcessConfig", "InjectedFault", "MaxAttempts",
-    "NoProgressLimit", "RecoveryState", "RunTimeline", "compute_goodput", "ConfigError", "HangError", "InsufficientResourcesError",
-    "ResilienceConfig", "ResilienceError", "ResilientTrainer", "RestartLimitError", "Result",
-    "RunAbortedError", "RunConfig", "ScalingConfig", "TrainContext", "WorkerDiedError",
-    "WorkerError", "get_context", "load_checkpoint", "phase", "report",
+    "AdaptiveTimeouts", "CheckpointConfig", "CheckpointState", "Compose", "ConfigError", "Fault",
+    "FaultCounter", "FaultKind", "FaultPlan", "GoodputReport", "HangError", "InJobConfig",
+    "InProcessConfig", "InjectedFault", "InsufficientResourcesError", "LoadedCheckpoint",
+    "MaxAttempts", "NoProgressLimit", "NodeExclusion", "RecoveryState", "ResilienceConfig",
+    "ResilienceError", "ResilientTrainer", "RestartLimitError", "Result", "RunAbortedError",
+    "RunConfig", "RunTimeline", "ScalingConfig", "TrainContext", "WorkerDiedError", "WorkerError",
+    "compute_goodput", "get_context", "load_checkpoint", "phase", "report",
 ]

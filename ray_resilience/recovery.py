@@ -24,6 +24,10 @@ class FaultRecord:
     attempt: int
     step: int | None
     """The newest globally completed step when the fault was detected."""
+    respawned: tuple[int, ...] = ()
+    """Ranks that got a new process in this fault's recovery (empty for the current fault)."""
+    nodes: tuple[str, ...] = ()
+    """Node ids of `ranks` when the fault happened."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,6 +40,10 @@ class RecoveryState:
     """Every fault so far, the current one last."""
     progress_by_attempt: tuple[int | None, ...]
     """The newest completed step at the end of each attempt (None: no step completed)."""
+    rank_nodes: tuple[str | None, ...] = ()
+    """The node each rank runs on now."""
+    excluded_nodes: frozenset[str] = frozenset()
+    """Nodes already excluded from the run."""
 
     @property
     def current(self) -> FaultRecord:
@@ -61,7 +69,13 @@ class Compose:
 
 @dataclasses.dataclass(frozen=True)
 class FaultCounter:
-    """A rank that faulted more than `max_faults_per_rank` times gets a fresh process."""
+    """A rank whose process faulted more than `max_faults_per_rank` times gets a fresh process.
+
+    Faults count per process: a rank that got a new process (respawned after dying, or by this
+    counter) starts again from zero, since what the counter catches is a process whose state went
+    bad (a corrupted CUDA context, leaked memory), not the rank number. A node that keeps failing
+    is `InJobConfig.max_node_faults`' business.
+    """
 
     max_faults_per_rank: int = 3
 
@@ -70,7 +84,31 @@ class FaultCounter:
         for fault in state.faults:
             for rank in fault.ranks:
                 counts[rank] = counts.get(rank, 0) + 1
+            for rank in fault.respawned:
+                counts[rank] = 0
         return sorted(r for r, n in counts.items() if n > self.max_faults_per_rank)
+
+
+#: Fault causes that point at the machine more than at the code: counted per node.
+NODE_FAULT_CAUSES = frozenset({"actor_died", "oom", "unresponsive", "stuck", "node_lost", "hang"})
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeExclusion:
+    """Nodes on which more than `max_node_faults` faults lost a rank's process or hung it
+    (SIGKILL, OOM, segfault, frozen, lost, hung; exceptions are the code's, not the node's).
+    Returns node ids to exclude; the ranks there move to other nodes."""
+
+    max_node_faults: int
+
+    def __call__(self, state: RecoveryState) -> list[str]:
+        counts: dict[str, int] = {}
+        for fault in state.faults:
+            if fault.cause in NODE_FAULT_CAUSES:
+                for node in set(fault.nodes):
+                    counts[node] = counts.get(node, 0) + 1
+        return sorted(n for n, c in counts.items()
+                      if c > self.max_node_faults and n not in state.excluded_nodes)
 
 
 # --- retry limits: return reasons to stop (each names the setting) ---------------------------
@@ -173,6 +211,9 @@ class InJobConfig:
     min_workers: int | None = None
     """Continue with fewer ranks (down to this many) when replacements find no capacity in time;
     ranks above a gap shift down and the checkpoint is loaded resharded. None: never shrink."""
+    max_node_faults: int | None = None
+    """Exclude a node once more than this many faults lost or hung a rank's process on it: its
+    ranks move to other nodes (waiting up to replacement_timeout_s for room). None: never."""
 
     def __post_init__(self) -> None:
         if self.policy not in RESPAWN_POLICIES:
@@ -188,3 +229,7 @@ class InJobConfig:
         if self.min_workers is not None:
             _check("InJobConfig.min_workers", self.min_workers, 1,
                    "must be an integer >= 1, or None to never shrink the world.", integer=True)
+        if self.max_node_faults is not None:
+            _check("InJobConfig.max_node_faults", self.max_node_faults, 1,
+                   "must be an integer >= 1 (faults a node may host before it is excluded), "
+                   "or None to never exclude nodes.", integer=True)

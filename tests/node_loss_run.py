@@ -70,11 +70,13 @@ def _control_nodes(run_name: str) -> set[str]:
 
 def main(data_dir: str, storage: str, mode: str) -> None:
     """mode "replace": capacity returns and the lost rank is respawned (bit-equal oracle);
-    mode "shrink": it never returns and the run finishes on the remaining rank."""
+    mode "shrink": it never returns and the run finishes on the remaining rank;
+    mode "exclude": rank 1 is killed twice on its node, which is then excluded (see `exclude`)."""
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "_system_config": {"health_check_period_ms": 500,
                                           "health_check_failure_threshold": 4}})
-    workers = [cluster.add_node(num_cpus=1, resources={"trainer": 1}) for _ in range(2)]
+    workers = [cluster.add_node(num_cpus=1, resources={"trainer": 1})
+               for _ in range(3 if mode == "exclude" else 2)]
     ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
     scaling = {"num_workers": 2, "resources_per_worker": {"trainer": 1}}
 
@@ -86,7 +88,12 @@ def main(data_dir: str, storage: str, mode: str) -> None:
             run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
             resilience=resilience).fit()
 
-    clean = fit("clean", rr.ResilienceConfig.disabled()) if mode == "replace" else None
+    clean = fit("clean", rr.ResilienceConfig.disabled()) if mode in ("replace", "exclude") else None
+    if mode == "exclude":
+        exclude(fit, clean)
+        ray.shutdown()
+        cluster.shutdown()
+        return
     in_job = (rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=60.0) if mode == "replace"
               else rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=5.0, min_workers=1))
     log: dict = {}
@@ -117,6 +124,24 @@ def main(data_dir: str, storage: str, mode: str) -> None:
                       "loads": (faulty.checkpoint or {}).get("loads")}, default=str))
     ray.shutdown()
     cluster.shutdown()
+
+
+def exclude(fit, clean: rr.Result) -> None:
+    """Rank 1 is SIGKILLed at steps 4 and 8 on the same node; with max_node_faults=1 that node
+    is excluded at the second fault and rank 1 moves to the third node (3 worker nodes, 2 ranks)."""
+    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="sigkill"),
+                                  rr.Fault(step=8, rank=1, kind="sigkill")])
+    faulty = fit("exclude", rr.ResilienceConfig.default(
+        checkpoint_interval=2, fault_plan=plan,
+        in_job=rr.InJobConfig(max_node_faults=1, replacement_timeout_s=60.0)))
+    equal = faulty.ok and clean.ok and all(
+        workload.torch.equal(faulty.return_values[r]["state"][k], clean.return_values[r]["state"][k])
+        for r in range(2) for k in clean.return_values[r]["state"])
+    print(json.dumps({"clean_ok": clean.ok, "ok": faulty.ok, "error": str(faulty.error),
+                      "faults": faulty.faults, "bit_equal": equal,
+                      "final_nodes": [v["node_id"] if v else None for v in faulty.return_values],
+                      "clean_nodes": [v["node_id"] if v else None for v in clean.return_values]},
+                     default=str))
 
 
 if __name__ == "__main__":

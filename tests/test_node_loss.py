@@ -42,3 +42,15 @@ def test_lost_node_without_capacity_shrinks_to_min_workers(token_data_dir, tmp_p
     assert out["ok"], out["error"]
     assert out["final_step"] == 12 and out["num_returns"] == 1
     assert out["faults"], "the node loss was not detected"
+
+
+@pytest.mark.timeout(420)
+def test_node_that_keeps_failing_is_excluded_and_its_rank_moves(token_data_dir, tmp_path):
+    out = _run("exclude", token_data_dir, str(tmp_path / "store"))
+    assert out["clean_ok"] and out["ok"], out["error"]
+    first, second = out["faults"]
+    assert first["cause"] == second["cause"] == "actor_died" and first["ranks"] == [1]
+    assert first["excluded_nodes"] == [] and first["nodes"] == second["nodes"]  # same node twice
+    assert second["excluded_nodes"] == second["nodes"]  # excluded at the second fault
+    assert out["final_nodes"][1] not in second["nodes"], out  # rank 1 moved away
+    assert out["bit_equal"], "final weights differ from the fault-free run"

@@ -42,7 +42,10 @@ def train_loop(cfg: dict) -> dict:
                 model(inputs)
                 time.sleep(cfg.get("validation_sleep_s", 0.0))
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
-    return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt}
+    import ray  # noqa: PLC0415 - the node this rank finished on
+
+    return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt,
+            "node_id": ray.get_runtime_context().get_node_id()}
 
 
 def single_process_reference(data_dir: str, *, world_size: int, max_steps: int) -> dict:

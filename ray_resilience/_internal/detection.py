@@ -121,4 +121,7 @@ def describe_fault(fault: FaultEvent) -> dict[str, Any]:
     return {"cause": fault.cause, "ranks": fault.ranks, "attempt": fault.attempt,
             "step": fault.step, "t_fault": fault.t_fault, "t_detect": fault.t_detect,
             "fault_id": fault.detail.get("fault_id"), "kind": fault.detail.get("kind"),
+            "nodes": list(fault.detail.get("nodes", ())),
+            "respawned": list(fault.detail.get("respawned", ())),
+            "excluded_nodes": list(fault.detail.get("excluded_nodes", ())),
             "error": str(fault.error).splitlines()[0] if fault.error else None}

@@ -10,7 +10,7 @@ import dataclasses
 
 from ray_resilience.config import ResilienceConfig
 from ray_resilience.errors import RestartLimitError
-from ray_resilience.recovery import NoProgressLimit, RecoveryState
+from ray_resilience.recovery import NodeExclusion, NoProgressLimit, RecoveryState
 from ray_resilience._internal.state import FaultEvent
 
 #: Causes after which the rank's process is gone or cannot be trusted to answer.
@@ -23,6 +23,8 @@ class Decision:
     """"restart" (new attempt; `respawn` ranks get new actors first) or "fail"."""
     respawn: tuple[int, ...] = ()
     error: BaseException | None = None
+    exclude_nodes: tuple[str, ...] = ()
+    """Nodes to exclude from now on (their ranks are in `respawn`)."""
 
 
 def _limit_error(reasons: list[tuple[str, int]], state: RecoveryState,
@@ -49,6 +51,10 @@ def decide(fault: FaultEvent, state: RecoveryState, cfg: ResilienceConfig,
     respawn: set[int] = set(fault.ranks) if lost else set()
     if in_process is not None and in_job is not None:
         respawn |= set(in_process.health_check(state))
+    exclude: list[str] = []
+    if in_job is not None and in_job.max_node_faults is not None:
+        exclude = NodeExclusion(in_job.max_node_faults)(state)
+        respawn |= {r for r, node in enumerate(state.rank_nodes) if node in exclude}
     if in_job is not None and (respawn or in_process is None):
         if in_process is None:
             respawn |= set(fault.ranks)
@@ -61,4 +67,4 @@ def decide(fault: FaultEvent, state: RecoveryState, cfg: ResilienceConfig,
                                   "InJobConfig.max_attempts_without_progress")(state)
         if stalled:
             return Decision("fail", error=_limit_error(stalled, state, fault))
-    return Decision("restart", respawn=tuple(sorted(respawn)))
+    return Decision("restart", respawn=tuple(sorted(respawn)), exclude_nodes=tuple(exclude))

@@ -50,6 +50,7 @@ class Recovery:
             error = self._respawn()
             if error is not None:
                 return error
+        fault.detail["respawned"] = tuple(sorted(self.respawn))
         sup.attempt += 1
         sup.record.expect_recovery(
             sup.attempt, self.fault_id, cause=fault.cause, t_fault=t_fault, step=fault.step,
@@ -65,7 +66,14 @@ class Recovery:
     def _respawn(self) -> BaseException | None:
         """Replaces the ranks; those without capacity in time are dropped if the world may shrink."""
         sup, in_job = self.sup, self.sup.cfg.in_job
-        missing = sup.group.replace(sorted(self.respawn), in_job.replacement_timeout_s)
+        for node in self.decision.exclude_nodes:
+            log.warning("excluding node %s from run %s: more than InJobConfig.max_node_faults=%d "
+                        "faults lost or hung a rank there; its ranks move to other nodes",
+                        node, sup.run_name, in_job.max_node_faults)
+            sup.excluded_nodes.add(node)
+        self.fault.detail["excluded_nodes"] = sorted(self.decision.exclude_nodes)
+        missing = sup.group.replace(sorted(self.respawn), in_job.replacement_timeout_s,
+                                    exclude=sup.excluded_nodes)
         sup.num_respawns += 1
         if missing:
             remaining = sup.group.world_size - len(missing)

@@ -1,4 +1,4 @@
-"""The ranks' actors in one placement group: create, launch attempts, kill, replace, tear down."""
+"""The ranks' actors in their placement-group bundles: create, launch attempts, kill, replace, tear down."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import time
 from typing import Any, Callable
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ray_resilience.config import ScalingConfig
-from ray_resilience.errors import InsufficientResourcesError
+from ray_resilience._internal.bundles import Bundle, Bundles
 from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
 from ray_resilience._internal.worker import Worker
 
@@ -19,20 +18,21 @@ log = logging.getLogger(__name__)
 
 
 class WorkerGroup:
-    """Owns the placement group and one actor per rank (bundle i hosts rank i)."""
+    """Owns the ranks' bundles (see `bundles.py`) and one actor per rank."""
 
     def __init__(self, scaling: ScalingConfig, train_fn: Callable, train_config: Any,
                  supervisor: Any, env_vars: dict[str, str], num_spares: int = 0) -> None:
         self.scaling, self.num_spares = scaling, num_spares
         self._train_fn, self._train_config = train_fn, train_config
         self._supervisor, self._env_vars = supervisor, env_vars
-        self.pg = None
+        self.bundles = Bundles(scaling)
         self.actors: list[Any] = []
         self.info: list[dict[str, Any]] = []
-        self.bundle_of: list[int] = []
-        """Placement-group bundle hosting each rank (a spare that took over keeps its own)."""
-        self.spares: list[tuple[Any, int, Any]] = []
-        """Warm spare actors: (actor, bundle index, pending info() ref)."""
+        self.bundle_of: list[Bundle] = []
+        """The bundle hosting each rank (a spare that took over keeps its own)."""
+        self.spares: list[tuple[Any, Bundle, Any]] = []
+        """Warm spare actors: (actor, bundle, pending info() ref)."""
+        self._reserved: list[Bundle] = []
 
     @property
     def world_size(self) -> int:
@@ -40,48 +40,42 @@ class WorkerGroup:
         return len(self.actors) if self.actors else self.scaling.num_workers
 
     def start(self, placement_timeout_s: float) -> None:
-        self.pg = placement_group([self.scaling.bundle] * (self.world_size + self.num_spares),
-                                  strategy=self.scaling.placement_strategy)
-        self._wait_placement(placement_timeout_s)
-        self.actors = [self._new_actor(rank) for rank in range(self.world_size)]
+        self.reserve(placement_timeout_s)
+        self.spawn()
+
+    def reserve(self, placement_timeout_s: float) -> None:
+        """Creates the placement group (ranks plus spares) and waits until it is placed."""
+        self._reserved = self.bundles.reserve(self.world_size + self.num_spares, placement_timeout_s)
+
+    def bundle_nodes(self) -> list[str]:
+        """Node id of each rank's bundle, known once `reserve` returned (before any actor)."""
+        return [self.bundles.node_of(b) for b in self._reserved[:self.world_size]]
+
+    def spawn(self) -> None:
+        """One actor per rank (and the warm spares) in the reserved bundles; returns once every
+        rank answered (their imports continue in `prewarm`)."""
+        world = self.world_size
+        self.bundle_of = list(self._reserved[:world])
+        self.actors = [self._new_actor(b) for b in self.bundle_of]
         for actor in self.actors:  # imports done before any attempt can be interrupted
             actor.prewarm.remote()
-        self.bundle_of = list(range(self.world_size))
-        for bundle in range(self.world_size, self.world_size + self.num_spares):
+        for bundle in self._reserved[world:]:
             self._add_spare(bundle)
         self.info = ray.get([a.info.remote() for a in self.actors], timeout=120)
 
-    def _wait_placement(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            ready, _ = ray.wait([self.pg.ready()], timeout=min(SLOW_WAIT_WARNING_S, timeout_s))
-            if ready:
-                return
-            if time.monotonic() >= deadline:
-                remove_placement_group(self.pg)
-                self.pg = None
-                asked = {k: v * self.world_size for k, v in self.scaling.bundle.items()}
-                raise InsufficientResourcesError(
-                    "ResilienceConfig.placement_timeout_s", timeout_s, asked,
-                    ray.available_resources(),
-                    "The placement group for the ranks was not ready in time: free resources, "
-                    "add nodes or raise placement_timeout_s.")
-            log.warning("waiting for resources for %d ranks (%s each); available now: %s",
-                        self.world_size, self.scaling.bundle, ray.available_resources())
-
-    def _add_spare(self, bundle: int) -> None:
+    def _add_spare(self, bundle: Bundle) -> None:
         actor = self._new_actor(bundle)
         actor.prewarm.remote()
         self.spares.append((actor, bundle, actor.info.remote()))
 
-    def _new_actor(self, bundle_index: int) -> Any:
-        bundle = self.scaling.bundle
+    def _new_actor(self, bundle: Bundle) -> Any:
+        scaling = self.scaling.bundle
         options: dict[str, Any] = {
-            "num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0),
-            "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+            "num_cpus": scaling.get("CPU", 0), "num_gpus": scaling.get("GPU", 0),
+            "resources": {k: v for k, v in scaling.items() if k not in ("CPU", "GPU")},
             "max_concurrency": WORKER_MAX_CONCURRENCY,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=bundle_index),
+                placement_group=bundle.pg, placement_group_bundle_index=bundle.index),
         }
         if self._env_vars:  # an actor-level runtime_env rules out Ray's prestarted workers
             options["runtime_env"] = {"env_vars": self._env_vars}
@@ -125,28 +119,30 @@ class WorkerGroup:
             for actor in everyone:
                 ray.kill(actor, no_restart=True)
         self.actors, self.spares = [], []
-        if self.pg is not None:
-            remove_placement_group(self.pg)
-            self.pg = None
+        self.bundles.remove_all()
 
     # --- respawn ------------------------------------------------------------------------------
 
     def kill(self, rank: int) -> None:
         """Kills one rank's actor (SIGKILL through Ray); its bundle is freed for a replacement."""
-        try:
-            ray.kill(self.actors[rank], no_restart=True)
-        except Exception:  # noqa: BLE001 - already dead
-            pass
+        kill_quietly(self.actors[rank])
 
-    def replace(self, ranks: list[int], timeout_s: float) -> list[int]:
+    def node_of_rank(self, rank: int) -> str | None:
+        """The node of the bundle hosting `rank` now."""
+        return self.bundles.node_of(self.bundle_of[rank])
+
+    def replace(self, ranks: list[int], timeout_s: float, exclude: set[str] | None = None) -> list[int]:
         """New actors for `ranks` (a warm spare first, else a new actor in the rank's bundle).
 
-        Waits up to `timeout_s` for them to answer (a lost node's bundles are placed again when
-        capacity returns). Returns the ranks that could not be replaced in time; their
-        not-yet-started actors are killed.
+        Ranks whose bundle is on a node in `exclude` move to new bundles elsewhere, and spares
+        there are dropped. Waits up to `timeout_s` for the new actors to answer (a lost node's
+        bundles are placed again when capacity returns). Returns the ranks that could not be
+        replaced in time; their not-yet-started actors are killed.
         """
+        exclude = exclude or set()
+        unplaced = self._move_off(ranks, exclude, timeout_s)
         refs: dict[Any, int] = {}
-        for rank in ranks:
+        for rank in [r for r in ranks if r not in unplaced]:
             freed = self.bundle_of[rank]
             if self.spares:  # a warm spare takes over; a new spare starts in the freed bundle
                 actor, bundle, info_ref = self.spares.pop(0)
@@ -154,9 +150,7 @@ class WorkerGroup:
                 refs[info_ref] = rank
                 self._add_spare(freed)
             else:
-                self.actors[rank] = self._new_actor(freed)
-                self.actors[rank].prewarm.remote()
-                refs[self.actors[rank].info.remote()] = rank
+                self._start_in_bundle(rank, refs)
         deadline = time.monotonic() + timeout_s
         while refs and time.monotonic() < deadline:
             ready, _ = ray.wait(list(refs), num_returns=len(refs),
@@ -169,19 +163,45 @@ class WorkerGroup:
                     # Its bundle's node died before it started (the bundle is being placed
                     # again): try once more with a new actor while time remains.
                     log.warning("replacement for rank %d died before starting: %s", rank, exc)
-                    self.actors[rank] = self._new_actor(self.bundle_of[rank])
-                    self.actors[rank].prewarm.remote()
-                    refs[self.actors[rank].info.remote()] = rank
+                    self._start_in_bundle(rank, refs)
             if refs:
                 log.warning("waiting for replacement ranks %s to start (available: %s)",
                             sorted(refs.values()), ray.available_resources())
-        missing = sorted(refs.values())
+        missing = sorted(set(refs.values()) | set(unplaced))
         for rank in missing:
             self.kill(rank)
         return missing
+
+    def _start_in_bundle(self, rank: int, refs: dict[Any, int]) -> None:
+        self.actors[rank] = self._new_actor(self.bundle_of[rank])
+        self.actors[rank].prewarm.remote()
+        refs[self.actors[rank].info.remote()] = rank
+
+    def _move_off(self, ranks: list[int], exclude: set[str], timeout_s: float) -> list[int]:
+        """Gives ranks on excluded nodes bundles elsewhere; returns those that found none."""
+        for spare in [s for s in self.spares if self.bundles.node_of(s[1]) in exclude]:
+            self.spares.remove(spare)
+            kill_quietly(spare[0])
+        moving = [r for r in ranks if self.bundles.node_of(self.bundle_of[r]) in exclude]
+        if not moving:
+            return []
+        fresh = self.bundles.elsewhere(len(moving), exclude, timeout_s)
+        if fresh is None:
+            log.warning("no room for ranks %s outside the excluded nodes %s", moving, sorted(exclude))
+            return moving
+        for rank, bundle in zip(moving, fresh, strict=True):
+            self.bundle_of[rank] = bundle
+        return []
 
     def drop(self, ranks: list[int]) -> None:
         """Removes `ranks` and shifts the ranks above each gap down (the world shrinks)."""
         for rank in sorted(ranks, reverse=True):
             self.kill(rank)
             del self.actors[rank], self.info[rank], self.bundle_of[rank]
+
+
+def kill_quietly(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already dead
+        pass
