@@ -100,9 +100,9 @@ class ResilientTrainer:
             raise ConfigError("RunConfig.name", self.run_config.name,
                               "a run with this name is already running in this Ray namespace; "
                               "wait for it, or choose another name.")
-        # Next to the driver (the head node under `ray job submit`): a lost worker node must
-        # never take the supervisor with it.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        # On the driver's node (the head node under `ray job submit`), hard: a lost worker node
+        # must never take the supervisor with it, and it needs no resources, so it always fits.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         return ray.remote(Supervisor).options(
             num_cpus=0, max_concurrency=SUPERVISOR_MAX_CONCURRENCY, name=name,
             scheduling_strategy=here,

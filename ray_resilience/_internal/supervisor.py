@@ -9,6 +9,7 @@ actor), so they only touch state under the record's lock.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -62,6 +63,8 @@ class Supervisor:
         self.faults: list[FaultEvent] = []
         self._recovery: Recovery | None = None
         self.num_respawns = 0
+        self.excluded_nodes: set[str] = set()
+        """Nodes excluded after too many faults (InJobConfig.max_node_faults)."""
         self._error: BaseException | None = None
         self._abort = threading.Event()
         self._t_start = time.time()
@@ -135,18 +138,39 @@ class Supervisor:
         spares = self.cfg.in_job.num_spares if self.cfg.in_job is not None else 0
         self.group = WorkerGroup(self._scaling, self._train_fn, self._train_config, me,
                                  self._env_vars, num_spares=spares)
-        self.group.start(self.cfg.placement_timeout_s)
-        if self.cfg.checkpoint is not None:
-            from ray_resilience.checkpoint import CheckpointService
-
-            self.checkpoints = CheckpointService.start(
-                storage_path=self._storage_path, run_name=self.run_name,
-                storage_filesystem=self._storage_fs, world_size=self.group.world_size,
-                node_ids_by_rank=self.group.node_ids(), config=self.cfg.checkpoint)
-            self._last_commit = self.checkpoints.latest_committed_step()
+        t0 = time.time()
+        self.group.reserve(self.cfg.placement_timeout_s)
+        self._startup_phase("placement", t0)
+        # The checkpoint service (coordinator and writers: processes that import torch, seconds
+        # each) starts while the ranks' actors do; the writers' nodes are the bundles' nodes.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(self._start_checkpointing, self.group.bundle_nodes()) \
+                if self.cfg.checkpoint is not None else None
+            t0 = time.time()
+            self.group.spawn()
+            self._startup_phase("start_workers", t0)
+            if pending is not None:
+                self.checkpoints = pending.result()
+                self._last_commit = self.checkpoints.latest_committed_step()
         self.record.start(time.time(), start_step=self._last_commit or 0)
         self.launch_attempt()
         self._set_state(RunState.RUNNING)
+
+    def _start_checkpointing(self, node_ids: list[str]) -> Any:
+        from ray_resilience.checkpoint import CheckpointService
+
+        t0 = time.time()
+        service = CheckpointService.start(
+            storage_path=self._storage_path, run_name=self.run_name,
+            storage_filesystem=self._storage_fs, world_size=len(node_ids),
+            node_ids_by_rank=node_ids, config=self.cfg.checkpoint)
+        self._startup_phase("start_checkpointing", t0)
+        return service
+
+    def _startup_phase(self, name: str, t_start: float) -> None:
+        with self.record.lock:
+            self.record.phases.append({"phase": name, "t_start": t_start, "t_end": time.time(),
+                                       "attempt": 0, "rank": None})
 
     def launch_attempt(self) -> None:
         """New rendezvous (fresh port: the attempt id isolates it) and one run call per rank."""
@@ -219,6 +243,9 @@ class Supervisor:
     def _on_fault(self, fault: FaultEvent) -> None:
         self.faults.append(fault)
         fault.step = self.record.global_step
+        if self.group is not None:
+            fault.detail["nodes"] = [self.group.node_of_rank(r) for r in fault.ranks
+                                     if r < self.group.world_size]
         injected = self.record.match_injected(fault.ranks, fault.attempt)
         if injected is not None:
             fault.detail["fault_id"], info = injected
@@ -241,8 +268,12 @@ class Supervisor:
             attempt=self.attempt, world_size=self.group.world_size if self.group else
             self._scaling.num_workers,
             faults=tuple(FaultRecord(cause=f.cause, ranks=tuple(f.ranks), attempt=f.attempt,
-                                     step=f.step) for f in self.faults),
-            progress_by_attempt=progress)
+                                     step=f.step, respawned=tuple(f.detail.get("respawned", ())),
+                                     nodes=tuple(f.detail.get("nodes", ())))
+                         for f in self.faults),
+            progress_by_attempt=progress,
+            rank_nodes=tuple(self.group.node_of_rank(r) for r in range(self.group.world_size))
+            if self.group else (), excluded_nodes=frozenset(self.excluded_nodes))
 
     def _on_restarting(self) -> None:
         error = self._recovery.execute()

@@ -47,7 +47,8 @@ class CheckpointService:
     def start(cls, *, storage_path: str, run_name: str, storage_filesystem: pafs.FileSystem | None,
               world_size: int, node_ids_by_rank: list[str], config: CheckpointConfig,
               ) -> CheckpointService:
-        """Checks storage, starts the coordinator (on this node) and the writers."""
+        """Checks storage, starts the coordinator (on this node, the supervisor's: a lost
+        worker node must not take the commit log with it) and the writers."""
         if len(node_ids_by_rank) != world_size:
             raise ValueError(f"node_ids_by_rank has {len(node_ids_by_rank)} entries for "
                              f"world_size={world_size}; give one node id per rank")
@@ -58,7 +59,7 @@ class CheckpointService:
         concurrency = max(COORDINATOR_MAX_CONCURRENCY, 2 * world_size + 16)
         coordinator = ray.remote(CommitCoordinator).options(
             num_cpus=0, max_concurrency=concurrency, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),  # with the supervisor
         ).remote(storage=storage, config=config)
         try:
             writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank)),
