@@ -15,6 +15,7 @@ from typing import Any
 MECHANISMS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "ours-inprocess": ("ours_peer", "OursPeer", {"variant": "inprocess"}),
     "ours-replace-failed": ("ours_peer", "OursPeer", {"variant": "replace-failed"}),
+    "ours-replace-failed-spare": ("ours_peer", "OursPeer", {"variant": "replace-failed-spare"}),
     "ours-all": ("ours_peer", "OursPeer", {"variant": "all"}),
     "ray-train": ("ray_train_peer", "RayTrainPeer", {}),
     "nvrx-ft-launcher": ("nvrx_peer", "NvrxPeer", {}),

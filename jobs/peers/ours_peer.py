@@ -6,6 +6,8 @@
   configuration as ours-replace-failed);
 - ours-replace-failed: plus `InJobConfig(policy="replace-failed")`: dead or stuck ranks get
   new actors, survivors restart in-process;
+- ours-replace-failed-spare: the same with one warm spare actor (`InJobConfig(num_spares=1)`,
+  one more bundle of resources): a replacement skips process start-up;
 - ours-all: plus `InJobConfig(policy="all")`: every rank is replaced (ft_launcher behaviour).
 
 The train function is the same loop as the peers' (`workload.build`, same data and steps) written
@@ -35,7 +37,7 @@ from .ray_session import private_ray
 from .spec import PeerRun, Workload
 from .workload import build, read_final_params, write_final_params
 
-VARIANTS = ("inprocess", "replace-failed", "all")
+VARIANTS = ("inprocess", "replace-failed", "replace-failed-spare", "all")
 
 
 def _train_loop(config: dict[str, Any]) -> dict[str, int]:
@@ -124,7 +126,9 @@ class OursPeer:
     def _trainer(self, rr: Any, workload: Workload) -> Any:
         kwargs: dict[str, Any] = {"checkpoint_interval": workload.checkpoint_interval,
                                   "fault_plan": workload.fault_plan}
-        if self.variant != "inprocess":
+        if self.variant == "replace-failed-spare":
+            kwargs["in_job"] = rr.InJobConfig(policy="replace-failed", num_spares=1)
+        elif self.variant != "inprocess":
             kwargs["in_job"] = rr.InJobConfig(policy=self.variant)
         else:  # rung 1 alone for soft faults: no fault counter sending a rank to respawn
             kwargs["in_process"] = rr.InProcessConfig(health_check=rr.Compose())
