@@ -103,3 +103,30 @@ def test_policy_excludes_the_node_and_moves_every_rank_on_it():
 def test_max_node_faults_is_checked(value):
     with pytest.raises(ValueError, match="InJobConfig.max_node_faults"):
         rr.InJobConfig(max_node_faults=value)
+
+
+def test_rank_status_ignores_heartbeats_handled_out_of_order():
+    from ray_resilience._internal.rank_status import RankStatus
+
+    status = RankStatus(rank=1)
+    status.observe(0, 4, 100.0)
+    status.set_phase("validation", sent_at=10.5)
+    status.set_phase(None, sent_at=10.25)  # sent before the rank entered the phase
+    assert status.phase == "validation"
+    progress_at = status.progress_at
+    status.observe(0, 3, 99.0)  # a late heartbeat from before step 4
+    assert status.step == 4 and status.progress_at == progress_at
+    status.set_phase(None, sent_at=20.0)  # the phase ended
+    assert status.phase is None
+
+
+def test_leaving_a_long_phase_restarts_the_silence_clock():
+    from ray_resilience._internal.rank_status import RankStatus
+
+    status = RankStatus(rank=0)
+    status.observe(0, 4, 100.0)
+    status.set_phase("validation", sent_at=1.0)
+    status.progress_at -= 30.0  # step 4 was 30 s ago: the rank has been validating since
+    status.phase_seen_at -= 29.0
+    status.set_phase(None, sent_at=2.0)  # validation over, step 5 not reported yet
+    assert status.silent_for(status.phase_seen_at + 0.1) < 1.0

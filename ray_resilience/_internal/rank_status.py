@@ -20,28 +20,37 @@ class RankStatus:
     phase: str | None = None
     """User-marked phase the rank reported being in (its timeout applies), or None."""
     phase_seen_at: float = 0.0
-    """Supervisor monotonic time when the rank was first seen in `phase`."""
+    """Supervisor monotonic time when the rank was first seen entering or leaving `phase`."""
+    phase_sent_at: float = 0.0
+    """Worker send time of the heartbeat `phase` came from: heartbeats are fire-and-forget calls
+    into a threaded actor and may be handled out of order; an older one must not undo a newer."""
 
     def reset(self, attempt: int) -> None:
         now = time.monotonic()
         self.attempt, self.progress_at, self.heartbeat_at, self.done = attempt, now, now, False
         self.step = None
-        self.phase = None
+        self.phase, self.phase_sent_at = None, 0.0
 
     def observe(self, attempt: int, step: int | None, step_time: float | None) -> None:
         if attempt != self.attempt:
             return  # a late heartbeat from an earlier attempt
         now = time.monotonic()
         self.heartbeat_at = now
-        if step is not None and step != self.step:
+        # Steps only grow within an attempt (a rollback is a new attempt): a late heartbeat with
+        # an older step is neither progress nor a step back.
+        if step is not None and (self.step is None or step > self.step):
             self.step, self.step_time, self.progress_at = step, step_time, now
 
-    def set_phase(self, phase: str | None) -> None:
+    def set_phase(self, phase: str | None, sent_at: float) -> None:
+        """The phase a heartbeat sent at `sent_at` (worker clock) reported; older ones are ignored."""
+        if sent_at < self.phase_sent_at:
+            return
+        self.phase_sent_at = sent_at
         if phase != self.phase:
             self.phase, self.phase_seen_at = phase, time.monotonic()
 
     def silent_for(self, now: float) -> float:
-        """Silence in the current phase (entering a phase restarts the clock)."""
-        if self.phase is not None:
-            return now - max(self.progress_at, self.phase_seen_at)
-        return now - self.progress_at
+        """Silence in the current phase: entering a phase restarts the clock, and so does
+        leaving one (a rank just out of a long validation has a whole step timeout for its
+        next step; measured from its last step it would look hung the moment it leaves)."""
+        return now - max(self.progress_at, self.phase_seen_at)

@@ -81,7 +81,7 @@ class Supervisor:
             self.ranks[rank].observe(attempt, step, step_time)
             if attempt == self.ranks[rank].attempt:
                 inside = [e["name"] for e in events if e.get("phase") == "in_phase"]
-                self.ranks[rank].set_phase(inside[-1] if inside else None)
+                self.ranks[rank].set_phase(inside[-1] if inside else None, sent_at)
             self.record.add_events(attempt, events)
             self.record.add_reports(attempt, metrics)
             self.record.add_saves(attempt, saves, sent_at)
