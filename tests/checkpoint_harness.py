@@ -55,6 +55,12 @@ class RankActor:
         self.ckpt = RankCheckpointer(spec, rank=rank, world_size=world_size) if spec else None
         self.step = 0
 
+    def attach(self, spec: Any) -> None:
+        """Starts checkpointing with `spec` (for ranks started before their service)."""
+        from ray_resilience.checkpoint import RankCheckpointer
+
+        self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size)
+
     def train(self, num_steps: int, *, save: bool = True) -> list[float | None]:
         blocked = []
         for _ in range(num_steps):
@@ -170,6 +176,19 @@ def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | Non
     actor = ray.remote(RankActor).options(num_cpus=1, max_concurrency=2)
     return [actor.remote(rank, world_size, port, specs[rank], preset, copy_delay_s)
             for rank in range(world_size)]
+
+
+def start_with(service_factory: Any, *, world_size: int = 2, **kwargs: Any) -> tuple[Any, list[Any]]:
+    """Starts the ranks and, meanwhile, their checkpoint service (`service_factory()`), then
+    attaches each rank to it: both start processes that import torch (seconds each)."""
+    ranks = start_ranks([], world_size=world_size, **kwargs)
+    try:
+        service = service_factory()
+        ray.get([r.attach.remote(service.rank_spec(i)) for i, r in enumerate(ranks)], timeout=150)
+    except BaseException:
+        stop_ranks(ranks)
+        raise
+    return service, ranks
 
 
 def on_all(ranks: list[Any], method: str, *args: Any, timeout: float = 150.0, **kwargs: Any) -> list[Any]:

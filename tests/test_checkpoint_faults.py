@@ -16,7 +16,7 @@ from ray_resilience.checkpoint import StoragePermissionError
 from ray_resilience.checkpoint.commit import read_manifest
 from ray_resilience.checkpoint.shard_io import read_verified
 from ray_resilience.checkpoint.storage import CheckpointStorage
-from tests.checkpoint_harness import on_all, start_ranks, stop_ranks
+from tests.checkpoint_harness import on_all, start_with, stop_ranks
 from tests.test_checkpoint_commit import tmpfs
 from tests.test_checkpoint_ray import start_service, step_folder, wait_committed
 
@@ -45,8 +45,7 @@ def _fill(root: str) -> str:
 @pytest.mark.parametrize("fault", ["disk_full", "read_only"])
 def test_storage_fault_mid_run_names_the_path_and_keeps_the_last_commit(ray_session, fault):
     with tmpfs("8m") as root:
-        service = start_service(root, 2, memory_tier=False)
-        ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+        service, ranks = start_with(lambda: start_service(root, 2, memory_tier=False))
         try:
             on_all(ranks, "save", 1)
             assert all(on_all(ranks, "wait_idle"))
@@ -114,8 +113,7 @@ class _Exploit:
 def test_tampered_metadata_pickle_is_never_executed(ray_session, tmp_path):
     if os.path.exists(MARKER):
         os.remove(MARKER)
-    service = start_service(str(tmp_path), 2, memory_tier=False)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, memory_tier=False))
     try:
         for step in (1, 2):
             on_all(ranks, "save", step)

@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 from ray_resilience.checkpoint import CheckpointConfig, CheckpointService
 from ray_resilience.checkpoint.snapshot import state_dict_of
 from ray_resilience.examples.llama import build_model
-from tests.checkpoint_harness import on_all, start_ranks, stop_ranks
+from tests.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,8 +54,7 @@ def step_folder(root: str, run: str, step: int) -> str:
 @pytest.fixture
 def two_ranks(ray_session, tmp_path):
     """A service and two ranks that trained 3 steps, saved step 3, then changed every value."""
-    service = start_service(str(tmp_path), 2)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2))
     on_all(ranks, "train", 3, save=False)
     expected = on_all(ranks, "save_then_mutate", 3)[0]
     assert all(on_all(ranks, "wait_idle"))
@@ -115,8 +114,7 @@ def test_resharding_to_one_and_three_ranks_with_plain_dcp(two_ranks, tmp_path):
 
 
 def test_resumed_run_ends_bit_equal_to_an_uninterrupted_one(ray_session, tmp_path):
-    service = start_service(str(tmp_path), 2, interval_steps=4)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=4))
     try:
         assert on_all(ranks, "load") == [None, None]
         blocked = on_all(ranks, "train", 8)
@@ -129,8 +127,7 @@ def test_resumed_run_ends_bit_equal_to_an_uninterrupted_one(ray_session, tmp_pat
         stop_ranks(ranks)
     service.shutdown()
     # A job retry: new service (no memory tier survives), new processes, same run folder.
-    service = start_service(str(tmp_path), 2, interval_steps=4)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=4))
     try:
         loaded = on_all(ranks, "load")
         assert [(r["step"], r["tier"]) for r in loaded] == [(8, "storage"), (8, "storage")]
@@ -143,8 +140,7 @@ def test_resumed_run_ends_bit_equal_to_an_uninterrupted_one(ray_session, tmp_pat
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
 def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, damage):
-    service = start_service(str(tmp_path), 2, interval_steps=2, memory_tier=False)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=2, memory_tier=False))
     try:
         on_all(ranks, "train", 2)
         assert all(on_all(ranks, "wait_idle"))
@@ -171,8 +167,7 @@ def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, d
 
 
 def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
-    service = start_service(str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block")
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block"))
     try:
         on_all(ranks, "train", 5)
         assert all(on_all(ranks, "wait_idle"))

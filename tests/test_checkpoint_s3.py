@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from ray_resilience.checkpoint import CheckpointConfig, CheckpointService, StoragePermissionError
-from tests.checkpoint_harness import on_all, start_ranks, stop_ranks
+from tests.checkpoint_harness import on_all, start_with, stop_ranks
 from tests.test_checkpoint_ray import assert_same, wait_committed
 
 pytestmark = pytest.mark.timeout(400)
@@ -45,8 +45,7 @@ def s3_run(ray_session, s3_server, request):
     """A service on S3 plus two ranks that committed step 1."""
     prefix = f"t-{request.node.name.replace('[', '-').replace(']', '')}-{time.time_ns()}"
     config = getattr(request, "param", {})
-    service = start_s3_service(s3_server, prefix, **OUTAGE_CONFIG, **config)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_s3_service(s3_server, prefix, **OUTAGE_CONFIG, **config))
     on_all(ranks, "train", 1, save=False)
     on_all(ranks, "save", 1)
     wait_committed(service, 1)
@@ -57,8 +56,7 @@ def s3_run(ray_session, s3_server, request):
 
 def test_round_trip_on_s3_and_resume_from_storage(ray_session, s3_server):
     prefix = f"roundtrip-{time.time_ns()}"
-    service = start_s3_service(s3_server, prefix, interval_steps=2)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_s3_service(s3_server, prefix, interval_steps=2))
     try:
         on_all(ranks, "train", 4)
         assert all(on_all(ranks, "wait_idle"))
@@ -71,8 +69,7 @@ def test_round_trip_on_s3_and_resume_from_storage(ray_session, s3_server):
     assert {k.split("/")[1] for k in files} == {"__0_0.distcp", "__1_0.distcp", "__0_extra.json",
                                                 "__1_extra.json", ".metadata", "manifest.json"}
     assert len({k.split("/")[0] for k in files}) == 2  # steps 2 and 4
-    service = start_s3_service(s3_server, prefix, interval_steps=2)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)])
+    service, ranks = start_with(lambda: start_s3_service(s3_server, prefix, interval_steps=2))
     try:
         assert [(r["step"], r["tier"]) for r in on_all(ranks, "load")] == [(4, "storage")] * 2
         assert_same(expected, on_all(ranks, "full_state")[0])

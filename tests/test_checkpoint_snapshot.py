@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 
-from tests.checkpoint_harness import on_all, start_ranks, stop_ranks
+from tests.checkpoint_harness import on_all, start_with, stop_ranks
 from tests.test_checkpoint_ray import assert_same, start_service, wait_committed
 
 pytestmark = pytest.mark.timeout(300)
@@ -22,8 +22,7 @@ DELAY_S = 0.6
 @pytest.fixture
 def ranks_with_slow_copy(ray_session, tmp_path, request):
     config = getattr(request, "param", {})
-    service = start_service(str(tmp_path), 2, **config)
-    ranks = start_ranks([service.rank_spec(r) for r in range(2)], copy_delay_s=DELAY_S)
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, **config), copy_delay_s=DELAY_S)
     on_all(ranks, "train", 2, save=False)
     yield service, ranks
     stop_ranks(ranks)

@@ -54,9 +54,12 @@ class CommitCoordinator:
 
     # --- writers ----------------------------------------------------------------------------
 
-    def ensure_writers(self, node_ids_by_rank: list[str]) -> list[tuple[Any, str]]:
-        """(writer handle, writer id) per rank; dead writers replaced, new nodes served."""
-        return self._pool.ensure(node_ids_by_rank)
+    def ensure_writers(self, node_ids_by_rank: list[str],
+                       launched: dict[tuple[str, int], tuple[str, Any]] | None = None,
+                       ) -> list[tuple[Any, str]]:
+        """(writer handle, writer id) per rank; dead writers replaced, new nodes served;
+        `launched` writers (created by the service while this actor started) are adopted."""
+        return self._pool.ensure(node_ids_by_rank, launched)
 
     def replace_writer(self, rank: int, dead_writer_id: str) -> tuple[Any, str]:
         return self._pool.replace(rank, dead_writer_id)

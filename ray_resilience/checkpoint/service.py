@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.coordinator import CommitCoordinator
 from ray_resilience.checkpoint.storage import CheckpointStorage
+from ray_resilience.checkpoint.writer_pool import launch_writer, with_suppressed_kill
 
 COORDINATOR_MAX_CONCURRENCY = 64
 CALL_TIMEOUT_S = 300.0
@@ -61,11 +62,18 @@ class CheckpointService:
             num_cpus=0, max_concurrency=concurrency, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),  # with the supervisor
         ).remote(storage=storage, config=config)
+        # The writers' processes start now, alongside the coordinator's (each imports torch:
+        # seconds), instead of after it; the coordinator adopts them.
+        launched = {(node, index): launch_writer(storage=storage, config=config, coordinator=coordinator,
+                                                 node_id=node, index=index)
+                    for node in dict.fromkeys(node_ids_by_rank) for index in range(config.writers_per_node)}
         try:
-            writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank)),
+            writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank), launched),
                               timeout=CALL_TIMEOUT_S)
         except BaseException:
             ray.kill(coordinator)
+            for _, handle in launched.values():
+                with_suppressed_kill(handle)
             raise
         return cls(storage=storage, config=config, coordinator=coordinator, writers=writers)
 

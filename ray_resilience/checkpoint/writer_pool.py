@@ -43,16 +43,13 @@ class WriterPool:
         self._lock = threading.RLock()
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._rank_slot: dict[int, tuple[str, int]] = {}
-        budget = config.memory_budget_bytes
-        self._budget = None if budget is None else budget // config.writers_per_node
 
-    def _start(self, node_id: str, index: int) -> _Slot:
-        writer_id = f"writer-{node_id[:8]}-{index}-{uuid.uuid4().hex[:6]}"
-        actor = ray.remote(CheckpointWriter).options(
-            num_cpus=0, max_concurrency=WRITER_MAX_CONCURRENCY, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-        handle = actor.remote(writer_id=writer_id, storage=self._storage, config=self._config,
-                              coordinator=self._coordinator, memory_budget_bytes=self._budget)
+    def _start(self, node_id: str, index: int, launched: tuple[str, Any] | None = None) -> _Slot:
+        """A writer for (node, index), answering; `launched` is one already created by
+        `launch_writer` (the service starts writers while this coordinator starts)."""
+        writer_id, handle = launched or launch_writer(
+            storage=self._storage, config=self._config, coordinator=self._coordinator,
+            node_id=node_id, index=index)
         try:
             ray.get(handle.ping.remote(), timeout=WRITER_START_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - reported with the node it was meant for
@@ -74,8 +71,11 @@ class WriterPool:
                 pass
         return alive
 
-    def ensure(self, node_ids_by_rank: list[str]) -> list[tuple[Any, str]]:
-        """(writer handle, writer id) for each rank; starts missing writers, replaces dead ones."""
+    def ensure(self, node_ids_by_rank: list[str],
+               launched: dict[tuple[str, int], tuple[str, Any]] | None = None) -> list[tuple[Any, str]]:
+        """(writer handle, writer id) for each rank; starts missing writers (adopting those in
+        `launched`, keyed by (node, index)), replaces dead ones."""
+        launched = dict(launched or {})
         with self._lock:
             nodes = list(dict.fromkeys(node_ids_by_rank))
             alive = self._alive(list(self._slots.values())) if self._slots else set()
@@ -85,7 +85,10 @@ class WriterPool:
                     if slot is None or slot.writer_id not in alive:
                         if slot is not None:
                             logger.warning("checkpoint writer %s is dead; replacing it", slot.writer_id)
-                        self._slots[(node_id, index)] = self._start(node_id, index)
+                        self._slots[(node_id, index)] = self._start(
+                            node_id, index, launched.pop((node_id, index), None))
+            for _, handle in launched.values():  # launched for nodes no rank uses
+                with_suppressed_kill(handle)
             seen: dict[str, int] = {}
             for rank, node_id in enumerate(node_ids_by_rank):
                 local = seen.get(node_id, 0)
@@ -144,6 +147,19 @@ class WriterPool:
             for slot in self._slots.values():
                 with_suppressed_kill(slot.handle)
             self._slots.clear()
+
+
+def launch_writer(*, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any,
+                  node_id: str, index: int) -> tuple[str, Any]:
+    """Creates (without waiting for) writer `index` of `node_id`: (writer id, handle)."""
+    writer_id = f"writer-{node_id[:8]}-{index}-{uuid.uuid4().hex[:6]}"
+    budget = config.memory_budget_bytes
+    actor = ray.remote(CheckpointWriter).options(
+        num_cpus=0, max_concurrency=WRITER_MAX_CONCURRENCY, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+    handle = actor.remote(writer_id=writer_id, storage=storage, config=config, coordinator=coordinator,
+                          memory_budget_bytes=None if budget is None else budget // config.writers_per_node)
+    return writer_id, handle
 
 
 def with_suppressed_kill(handle: Any) -> None:
