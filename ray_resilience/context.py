@@ -85,7 +85,8 @@ class _Session:
             self.checkpoint_blocking_s.append((step, blocked + waited))
             self.open_save = None
 
-    def drain(self, *, final: bool = False) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
+    def drain(self, *, final: bool = False
+              ) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
         """Takes what was recorded since the last call: (metrics, step, step time, saves, events).
         `final` (the attempt ended) also records the newest save."""
         if final:

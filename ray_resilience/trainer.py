@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import posixpath
 from typing import Any, Callable
 
@@ -108,7 +107,8 @@ class ResilientTrainer:
             scheduling_strategy=here,
             runtime_env={"env_vars": env} if env else None,
         ).remote(
-            train_fn=self._fn, train_config=self._config, scaling=self.scaling_config,
+            # Bytes: only the ranks unpickle the train function (and import what it needs).
+            train_fn=ray.cloudpickle.dumps(self._fn), train_config=self._config, scaling=self.scaling_config,
             resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
             env_vars=env, storage_path=self.run_config.storage_path,
             storage_filesystem=self.run_config.storage_filesystem)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ray_resilience.checkpoint import CheckpointConfig
-from ray_resilience.checkpoint.agreement import assign_owners
-from ray_resilience.checkpoint.rounds import RoundTable
+from ray_resilience.checkpoint.rounds import RoundTable, assign_owners
 from ray_resilience.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)

@@ -13,7 +13,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import ray
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 class Supervisor:
     """Runs one training run to a terminal state. Created by `ResilientTrainer.fit()`."""
 
-    def __init__(self, *, train_fn: Callable, train_config: Any, scaling: ScalingConfig,
+    def __init__(self, *, train_fn: bytes, train_config: Any, scaling: ScalingConfig,
                  resilience: ResilienceConfig, run_name: str, run_dir: str,
                  env_vars: dict[str, str], storage_path: str = "",
                  storage_filesystem: Any = None) -> None:

@@ -19,9 +19,10 @@ import torch
 import torch.distributed as dist
 
 # Imported here, while the actor is created on one thread: Ray deserializes call arguments
-# (which hold checkpoint specs) on other threads, and two threads entering this package's
-# import at once can see it half-initialized.
-import ray_resilience.checkpoint  # noqa: F401
+# (which hold checkpoint specs) on other threads, and two threads entering these modules'
+# import at once can see them half-initialized.
+import ray_resilience.checkpoint.rank_checkpointer  # noqa: F401
+import ray_resilience.checkpoint.service  # noqa: F401
 
 from ray_resilience.context import TrainContext, _Session, _set_session
 from ray_resilience._internal.abort import CollectiveAborter
@@ -83,7 +84,7 @@ class Worker:
             import torch.distributed.fsdp  # noqa: F401
             import torch.distributed.tensor  # noqa: F401
 
-            import ray_resilience.checkpoint  # noqa: F401
+            import ray_resilience.checkpoint.rank_checkpointer  # noqa: F401
 
             _warm_fsdp(self.free_port())
             freeze_startup_objects()

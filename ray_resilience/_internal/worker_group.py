@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -12,7 +12,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray_resilience.config import ScalingConfig
 from ray_resilience._internal.bundles import Bundle, Bundles
 from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
-from ray_resilience._internal.worker import Worker
+from ray_resilience._internal.worker_actor import WorkerActor
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 class WorkerGroup:
     """Owns the ranks' bundles (see `bundles.py`) and one actor per rank."""
 
-    def __init__(self, scaling: ScalingConfig, train_fn: Callable, train_config: Any,
+    def __init__(self, scaling: ScalingConfig, train_fn: bytes, train_config: Any,
                  supervisor: Any, env_vars: dict[str, str], num_spares: int = 0) -> None:
         self.scaling, self.num_spares = scaling, num_spares
         self._train_fn, self._train_config = train_fn, train_config
@@ -79,7 +79,7 @@ class WorkerGroup:
         }
         if self._env_vars:  # an actor-level runtime_env rules out Ray's prestarted workers
             options["runtime_env"] = {"env_vars": self._env_vars}
-        return ray.remote(Worker).options(**options).remote(
+        return ray.remote(WorkerActor).options(**options).remote(
             self._train_fn, self._train_config, self._supervisor)
 
     def layout(self) -> tuple[list[int], list[int], list[int]]:

@@ -1,11 +1,11 @@
-"""Collectives that keep the ranks' load decisions identical, and who writes replicated items.
+"""Collectives that keep the ranks' load decisions identical.
 
 `Agreement` is called on the training thread, on every rank at the same points: `load` (which
 step every rank can load; a fresh session id). Its collectives run on the default process group
 when it is gloo, otherwise on a CPU (gloo) group created once per default group, so a decision
 never needs a device synchronization. Without torch.distributed (a single rank), they are local.
 Saves take part in no collective: their decisions are save rounds on the commit coordinator
-(`rounds.py`), which uses `assign_owners` below.
+(`rounds.py`), which also says who writes replicated items.
 """
 
 from __future__ import annotations
@@ -86,22 +86,3 @@ class Agreement:
         box = [token]
         dist.broadcast_object_list(box, src=0, group=self.group())
         return str(box[0])
-
-
-def assign_owners(keys_by_rank: list[list[tuple[str, int]]]) -> list[list[bool]]:
-    """Which rank writes each item: items held by one rank stay with it; an item held by several
-    ranks (replicated state) goes to the holder with the fewest bytes assigned so far (ties: the
-    lowest rank). Deterministic, so every rank computes the same answer from the same input."""
-    holders: dict[str, list[int]] = {}
-    sizes: dict[str, int] = {}
-    for rank, keys in enumerate(keys_by_rank):
-        for key, nbytes in keys:
-            holders.setdefault(key, []).append(rank)
-            sizes[key] = nbytes
-    load = [0] * len(keys_by_rank)
-    owner: dict[str, int] = {}
-    for key in sorted(holders, key=lambda k: (len(holders[k]) > 1, -sizes[k], k)):
-        chosen = min(holders[key], key=lambda r: (load[r], r))
-        owner[key] = chosen
-        load[chosen] += sizes[key]
-    return [[owner[key] == rank for key, _ in keys] for rank, keys in enumerate(keys_by_rank)]

@@ -21,7 +21,6 @@ import ray
 
 from ray_resilience.checkpoint import commit, layout
 from ray_resilience.checkpoint.config import CheckpointConfig
-from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata
 from ray_resilience.checkpoint.rounds import RoundResult, RoundTable
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
 from ray_resilience.checkpoint.types import ShardReport
@@ -142,6 +141,8 @@ class CommitCoordinator:
             if step_dir.session != current or (newest is not None and newest.step >= step_dir.step
                                                and newest.session == current):
                 return  # a new attempt began, or an older step finished after a newer commit
+            from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415 - torch, at the first commit
+
             ordered = [shards[r] for r in sorted(shards)]
             metadata = dumps_metadata(build_metadata(
                 [(r.written_items, r.storage_infos) for r in ordered],

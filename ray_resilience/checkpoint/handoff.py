@@ -202,7 +202,8 @@ class HandoffPipeline:
                     slot.state = SlotState.PUTTING
                 elif slot is not None and slot.step == rnd.step and slot.state in (
                         SlotState.VOTING, SlotState.STAGED):
-                    self.stats.counts["coalesced" if result.reason.startswith("not ready") else "not_claimed"] += 1
+                    superseded = result.reason.startswith("not ready")
+                    self.stats.counts["coalesced" if superseded else "not_claimed"] += 1
                     slot.release()
                 self.cond.notify_all()
             if claimed:

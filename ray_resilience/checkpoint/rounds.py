@@ -8,7 +8,7 @@ step off, so no rank writes a step the others dropped. A vote for a later step c
 voter's earlier open rounds as not claimed (it will never vote in them).
 
 Rounds also carry each rank's plan (its item keys and sizes) so the coordinator can say which
-rank writes each replicated item (`agreement.assign_owners`), computed once per plan combination.
+rank writes each replicated item (`assign_owners`), computed once per plan combination.
 `RoundTable` is plain bookkeeping without locks; the coordinator serializes calls into it.
 """
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-
-from ray_resilience.checkpoint.agreement import assign_owners
 
 MAX_ROUNDS_KEPT = 256
 """Resolved rounds remembered per session (ranks fetch their result right after resolution)."""
@@ -124,3 +122,22 @@ class RoundTable:
     def open_rounds(self) -> dict[int, Any]:
         """Open rounds and who voted, for `stats()`."""
         return {step: sorted(r.votes) for step, r in self._rounds.items() if r.outcome is None}
+
+
+def assign_owners(keys_by_rank: list[list[tuple[str, int]]]) -> list[list[bool]]:
+    """Which rank writes each item: items held by one rank stay with it; an item held by several
+    ranks (replicated state) goes to the holder with the fewest bytes assigned so far (ties: the
+    lowest rank). Deterministic, so every rank computes the same answer from the same input."""
+    holders: dict[str, list[int]] = {}
+    sizes: dict[str, int] = {}
+    for rank, keys in enumerate(keys_by_rank):
+        for key, nbytes in keys:
+            holders.setdefault(key, []).append(rank)
+            sizes[key] = nbytes
+    load = [0] * len(keys_by_rank)
+    owner: dict[str, int] = {}
+    for key in sorted(holders, key=lambda k: (len(holders[k]) > 1, -sizes[k], k)):
+        chosen = min(holders[key], key=lambda r: (load[r], r))
+        owner[key] = chosen
+        load[chosen] += sizes[key]
+    return [[owner[key] == rank for key, _ in keys] for rank, keys in enumerate(keys_by_rank)]

@@ -1,20 +1,25 @@
-"""Records that travel between ranks, writers and the commit coordinator (all picklable)."""
+"""Records that travel between ranks, writers and the commit coordinator (all picklable).
+
+Importing this module does not import torch: the coordinator and writers start without it and
+import it when they first unpickle a record holding DCP items.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
-
-import numpy as np
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+from typing import TYPE_CHECKING, Any, Literal
 
 from ray_resilience.checkpoint import layout
 
+if TYPE_CHECKING:  # torch's types, imported where they are first unpickled (not at start-up)
+    import numpy as np
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import WriteItem
+
 
 def is_tensor_item(item: WriteItem) -> bool:
-    return item.type != WriteItemType.BYTE_IO
+    return item.type.name != "BYTE_IO"  # WriteItemType.BYTE_IO, without importing torch here
 
 
 def item_nbytes(item: WriteItem) -> int:

@@ -22,7 +22,6 @@ import ray
 
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
-from ray_resilience.checkpoint.shard_io import write_shard
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
 from ray_resilience.checkpoint.types import MemoryEntry, SaveTicket, ShardOutcome, ShardReport
 
@@ -79,6 +78,8 @@ class CheckpointWriter:
         if shard is None:
             return
         ticket, start = shard.ticket, time.time()
+        from ray_resilience.checkpoint.shard_io import write_shard  # noqa: PLC0415 - torch, at the first write
+
         try:
             payload = ray.get(shard.boxed[0])
             files, written, infos = retrying(
