@@ -79,7 +79,8 @@ class ResilientTrainer:
             metrics=payload["metrics"], metrics_history=payload["metrics_history"],
             path=run_dir, error=payload["error"], state=payload["state"],
             attempts=payload["attempts"], faults=payload["faults"],
-            return_values=payload["return_values"], worker_pids=payload["worker_pids"],
+            return_values=[None if v is None else ray.cloudpickle.loads(v)  # the ranks' own returns
+                           for v in payload["return_values"]], worker_pids=payload["worker_pids"],
             wall_s=payload["wall_s"], goodput=payload.get("goodput"),
             timeouts=payload.get("timeouts"),
             checkpoint=payload.get("checkpoint"))

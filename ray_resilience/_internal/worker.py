@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from ray import cloudpickle
 
 # Imported here, while the actor is created on one thread: Ray deserializes call arguments
 # (which hold checkpoint specs) on other threads, and two threads entering these modules'
@@ -181,7 +182,8 @@ class Worker:
                 _set_session(session)
                 if session.faults is not None:
                     session.faults("init", None)
-                box["return"] = self._call_user_fn()
+                returned = self._call_user_fn()
+                box["return"] = None if returned is None else cloudpickle.dumps(returned)
                 if self._checkpointer is not None:  # the run's last save must commit too
                     self._checkpointer.wait_idle(FINAL_SAVE_TIMEOUT_S)
             finally:
