@@ -151,3 +151,19 @@ def test_control_plane_imports_no_torch():
             "ray_resilience._internal.worker_actor; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_progress_counts_a_step_one_rank_reported_before_its_peers_reports_arrive():
+    """A rank reports step s and raises; its peer's report of s is still in flight when the
+    fault is decided on. The attempt did progress: a restart storm must not be declared."""
+    from ray_resilience._internal.run_record import RunRecord
+
+    record = RunRecord(world_size=2)
+    for attempt in range(4):
+        record.add_reports(attempt, [{"rank": attempt % 2, "step": attempt + 1, "time": float(attempt)}])
+    assert record.last_step_by_attempt == {}  # no step completed on every rank yet
+    progress = tuple(record.reached_by_attempt.get(a) for a in range(4))
+    assert progress == (1, 2, 3, 4)
+    faults = tuple(fault("exception", a % 2, attempt=a) for a in range(4))
+    assert NoProgressLimit(3)(state(*faults, progress=progress)) == []
+    assert NoProgressLimit(3)(state(*faults, progress=(1, 1, 1, 1))) != []

@@ -33,6 +33,10 @@ class RunRecord:
         self.global_step: int | None = None
         self.first_step_by_attempt: dict[int, tuple[int, float]] = {}
         self.last_step_by_attempt: dict[int, int] = {}
+        self.reached_by_attempt: dict[int, int] = {}
+        """The newest step any rank reported per attempt. Progress for restart-storm limits: a
+        rank can only finish a step its peers took part in (its collectives), and when a rank
+        fails right after a report, its peers' reports of that step may still be in flight."""
         self.fired: dict[str, dict[str, Any]] = {}
         """Injected faults that fired: id -> {rank, attempt, t, step, kind}."""
         self._recovering: dict[int, dict[str, Any]] = {}
@@ -93,6 +97,9 @@ class RunRecord:
             for rec in records:
                 self.history.append({**rec, "attempt": attempt})
                 self._observe_step(attempt, rec)
+                if rec.get("step") is not None:
+                    reached = self.reached_by_attempt.get(attempt, rec["step"])
+                    self.reached_by_attempt[attempt] = max(rec["step"], reached)
                 key = (attempt, rec["step"])
                 count, t = self._pending.get(key, (0, 0.0))
                 count, t = count + 1, max(t, rec.get("time", time.time()))

@@ -263,7 +263,7 @@ class Supervisor:
         self._set_state(RunState.RESPAWNING if decision.respawn else RunState.RESTARTING)
 
     def _recovery_state(self) -> RecoveryState:
-        progress = tuple(self.record.last_step_by_attempt.get(a) for a in range(self.attempt + 1))
+        progress = tuple(self.record.reached_by_attempt.get(a) for a in range(self.attempt + 1))
         return RecoveryState(
             attempt=self.attempt, world_size=self.group.world_size if self.group else
             self._scaling.num_workers,
