@@ -3,6 +3,12 @@
 Each `RankActor` builds the tiny LLaMA sharded with `fully_shard`, an AdamW optimizer and a
 `RankCheckpointer`, and trains on deterministic batches, so two runs that start from the same
 state end bit-equal.
+
+Starting two ranks costs ~10 s here (two processes importing torch on two cores), so the ranks
+`start_with` hands out are reused within a test module: `stop_ranks` closes their checkpointer
+and parks them; the next `start_with` rebuilds model and optimizer from the seed in the same
+processes (and process group), checks the group with a collective, and attaches the new
+service. Ranks that fail that check are killed and replaced by fresh ones.
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ class RankActor:
     def __init__(self, rank: int, world_size: int, port: int, spec: Any, preset: str = "tiny",
                  copy_delay_s: float = 0.0) -> None:
         import torch.distributed as dist
-        from torch.distributed.fsdp import fully_shard
 
         from ray_resilience.checkpoint import RankCheckpointer
         from ray_resilience.checkpoint.rank_checkpointer import COPY_DELAY_ENV_VAR
@@ -47,19 +52,46 @@ class RankActor:
         self.rank, self.world_size = rank, world_size
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size)
+        self._build(preset)
+        self.ckpt = RankCheckpointer(spec, rank=rank, world_size=world_size) if spec else None
+
+    def _build(self, preset: str) -> None:
+        from torch.distributed.fsdp import fully_shard
+
         self.model = build_model(preset, seed=0)
         for layer in self.model.layers:
             fully_shard(layer)
         fully_shard(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
-        self.ckpt = RankCheckpointer(spec, rank=rank, world_size=world_size) if spec else None
         self.step = 0
 
-    def attach(self, spec: Any) -> None:
+    def attach(self, spec: Any, copy_delay_s: float | None = None) -> None:
         """Starts checkpointing with `spec` (for ranks started before their service)."""
         from ray_resilience.checkpoint import RankCheckpointer
+        from ray_resilience.checkpoint.rank_checkpointer import COPY_DELAY_ENV_VAR
 
+        if copy_delay_s is not None:
+            os.environ[COPY_DELAY_ENV_VAR] = str(copy_delay_s)
         self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size)
+
+    def detach(self) -> None:
+        """Closes the checkpointer and drops the model: the rank is parked for reuse."""
+        import gc
+
+        if self.ckpt is not None:
+            self.ckpt.close()
+        self.ckpt = self.model = self.optimizer = None
+        gc.collect()
+
+    def reset(self, preset: str) -> float:
+        """A parked rank starts over: the model and optimizer from the seed, then one
+        all-reduce over the process group (every rank must call it), whose sum it returns."""
+        import torch.distributed as dist
+
+        self._build(preset)
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return float(value.item())
 
     def train(self, num_steps: int, *, save: bool = True) -> list[float | None]:
         blocked = []
@@ -173,20 +205,45 @@ def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | Non
     world_size = world_size or len(specs)
     specs = specs or [None] * world_size
     port = free_port()
-    actor = ray.remote(RankActor).options(num_cpus=1, max_concurrency=2)
+    # No CPU reserved: parked ranks must not keep a later test's actors from being scheduled.
+    actor = ray.remote(RankActor).options(num_cpus=0, max_concurrency=2)
     return [actor.remote(rank, world_size, port, specs[rank], preset, copy_delay_s)
             for rank in range(world_size)]
 
 
-def start_with(service_factory: Any, *, world_size: int = 2, **kwargs: Any) -> tuple[Any, list[Any]]:
-    """Starts the ranks and, meanwhile, their checkpoint service (`service_factory()`), then
-    attaches each rank to it: both start processes that import torch (seconds each)."""
-    ranks = start_ranks([], world_size=world_size, **kwargs)
+_parked: list[tuple[str, list[Any]]] = []
+"""Idle ranks of this test module, by preset (see the module docstring)."""
+_pooled: dict[Any, str] = {}
+"""Preset by actor id of the ranks `start_with` handed out (parked by `stop_ranks`)."""
+
+
+def _unpark(world_size: int, preset: str) -> list[Any] | None:
+    """Parked ranks of that size and preset, reset and checked; None if there are none."""
+    for i, (parked_preset, ranks) in enumerate(_parked):
+        if parked_preset == preset and len(ranks) == world_size:
+            del _parked[i]
+            try:
+                if on_all(ranks, "reset", preset, timeout=60) == [float(world_size)] * world_size:
+                    return ranks
+            except Exception:  # noqa: BLE001 - a broken group: fresh ranks instead
+                pass
+            _kill(ranks)
+    return None
+
+
+def start_with(service_factory: Any, *, world_size: int = 2, preset: str = "tiny",
+               copy_delay_s: float = 0.0) -> tuple[Any, list[Any]]:
+    """Ranks (parked ones of this module, else new) and their checkpoint service
+    (`service_factory()`, started while new ranks start), each rank attached to it; the
+    background snapshot copy of each save starts `copy_delay_s` late."""
+    ranks = _unpark(world_size, preset) or start_ranks([], world_size=world_size, preset=preset)
+    _pooled.update({r._actor_id: preset for r in ranks})
     try:
         service = service_factory()
-        ray.get([r.attach.remote(service.rank_spec(i)) for i, r in enumerate(ranks)], timeout=150)
+        ray.get([r.attach.remote(service.rank_spec(i), copy_delay_s) for i, r in enumerate(ranks)],
+                timeout=150)
     except BaseException:
-        stop_ranks(ranks)
+        _kill(ranks)
         raise
     return service, ranks
 
@@ -196,10 +253,39 @@ def on_all(ranks: list[Any], method: str, *args: Any, timeout: float = 150.0, **
     return ray.get([getattr(r, method).remote(*args, **kwargs) for r in ranks], timeout=timeout)
 
 
-def stop_ranks(ranks: list[Any]) -> None:
+def stop_ranks(ranks: list[Any], *, kill: bool = False) -> None:
+    """Parks ranks from `start_with` (their checkpointer closed) unless `kill`; kills the
+    others. Parked ranks are left alone by a second call."""
+    parked = {r._actor_id for _, group in _parked for r in group}
+    if not kill and all(r._actor_id in parked for r in ranks):
+        return
+    if not kill and all(r._actor_id in _pooled for r in ranks):
+        preset = _pooled[ranks[0]._actor_id]
+        try:
+            on_all(ranks, "detach", timeout=60)
+            for r in ranks:
+                del _pooled[r._actor_id]
+            _parked.append((preset, list(ranks)))
+            return
+        except Exception:  # noqa: BLE001 - not reusable: killed below
+            pass
+    for i in [i for i, (_, group) in enumerate(_parked) if any(r in group for r in ranks)][::-1]:
+        del _parked[i]
+    _kill(ranks)
+
+
+def _kill(ranks: list[Any]) -> None:
+    for r in ranks:
+        _pooled.pop(r._actor_id, None)
     try:
         ray.get([r.close.remote() for r in ranks], timeout=60)
     except Exception:  # noqa: BLE001 - killed below either way
         pass
     for r in ranks:
         ray.kill(r)
+
+
+def drain_parked() -> None:
+    """Kills the parked ranks (at the end of each test module)."""
+    while _parked:
+        _kill(_parked.pop()[1])

@@ -17,6 +17,15 @@ if ROOT not in sys.path:
 pytest_plugins: list[str] = ["tests.s3_server"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _drain_parked_ranks():
+    """Checkpoint tests reuse their ranks within a module (tests/checkpoint_harness.py)."""
+    yield
+    harness = sys.modules.get("tests.checkpoint_harness")
+    if harness is not None:
+        harness.drain_parked()
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray started by this test session, with its own temp dir; shut down at the end.

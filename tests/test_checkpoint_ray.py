@@ -91,7 +91,7 @@ def test_loading_restores_values_and_extra_from_memory(two_ranks):
 
 def test_respawned_ranks_load_from_writer_memory(two_ranks):
     service, ranks, expected = two_ranks
-    stop_ranks(ranks)
+    stop_ranks(ranks, kill=True)  # the writers' memory must outlive the ranks' processes
     fresh = start_ranks(service.ensure_writers([ray.get_runtime_context().get_node_id()] * 2))
     try:
         assert [r["tier"] for r in on_all(fresh, "load")] == ["memory", "memory"]

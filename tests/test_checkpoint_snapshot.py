@@ -89,9 +89,10 @@ def test_save_returns_without_the_other_rank_and_commits_once_it_saves(ranks_wit
     service, ranks = ranks_with_slow_copy
     on_all(ranks, "save", 2)  # the session starts with a collective, once
     assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 2)
     # Rank 1 is idle: a save that needed a collective would hang here.
     assert ray.get(ranks[0].save.remote(3), timeout=20) is not None
-    time.sleep(0.5)
+    time.sleep(0.5)  # room for a wrong commit of step 3 with one rank's shard only
     assert service.latest_committed_step() == 2
     assert ray.get(ranks[1].save.remote(3), timeout=20) is not None
     assert all(on_all(ranks, "wait_idle"))

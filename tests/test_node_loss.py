@@ -36,6 +36,7 @@ def test_node_removed_without_grace_during_training(token_data_dir, tmp_path):
     assert out["bit_equal"], "final weights differ from the fault-free run"
 
 
+@pytest.mark.slow  # 1.5-5 min: after a node dies, Ray's agents on the simulated cluster spin
 @pytest.mark.timeout(420)
 def test_lost_node_without_capacity_shrinks_to_min_workers(token_data_dir, tmp_path):
     out = _run("shrink", token_data_dir, str(tmp_path / "store"))
@@ -44,6 +45,7 @@ def test_lost_node_without_capacity_shrinks_to_min_workers(token_data_dir, tmp_p
     assert out["faults"], "the node loss was not detected"
 
 
+@pytest.mark.slow  # ~1.5 min: a 4-node simulated cluster, a clean and a twice-faulted run
 @pytest.mark.timeout(420)
 def test_node_that_keeps_failing_is_excluded_and_its_rank_moves(token_data_dir, tmp_path):
     out = _run("exclude", token_data_dir, str(tmp_path / "store"))
