@@ -24,6 +24,7 @@ from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.rounds import RoundResult, RoundTable
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
 from ray_resilience.checkpoint.types import ShardReport
+from ray_resilience.checkpoint.warm_import import WarmImport
 from ray_resilience.checkpoint.writer_pool import WriterPool
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class CommitCoordinator:
         self._pool = WriterPool(storage=storage, config=config,
                                 coordinator=ray.get_runtime_context().current_actor)
         self._prune()
+        self._warm = WarmImport("ray_resilience.checkpoint.dcp_metadata")
 
     # --- writers ----------------------------------------------------------------------------
 
@@ -108,7 +110,9 @@ class CommitCoordinator:
                 return result
             self._round_cond.wait(left)
 
-    def shard_durable(self, report: ShardReport) -> None:
+    def shard_durable(self, message: bytes) -> None:
+        """A writer's `ShardReport` (pickled: it holds DCP types, see `warm_import`)."""
+        report: ShardReport = self._warm.loads(message)
         key = (report.session, report.step)
         with self._lock:
             if report.session != self._session:
@@ -141,7 +145,8 @@ class CommitCoordinator:
             if step_dir.session != current or (newest is not None and newest.step >= step_dir.step
                                                and newest.session == current):
                 return  # a new attempt began, or an older step finished after a newer commit
-            from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415 - torch, at the first commit
+            self._warm.wait()
+            from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
 
             ordered = [shards[r] for r in sorted(shards)]
             metadata = dumps_metadata(build_metadata(

@@ -34,6 +34,7 @@ from ray_resilience.checkpoint.rounds import RoundResult
 from ray_resilience.checkpoint.slots import RankSaveStats, Slot, SlotPool, SlotState
 from ray_resilience.checkpoint.state_cache import SaveSource
 from ray_resilience.checkpoint.types import SaveTicket, ShardOutcome, ShardPayload
+from ray_resilience.checkpoint.warm_import import dumps
 
 logger = logging.getLogger(__name__)
 _POLL_S = 2.0
@@ -292,7 +293,8 @@ class HandoffPipeline:
         """Gives the writer the object; None when it took it, else the failed outcome."""
         writer_id = self.link.writer_id
         try:
-            ray.get(self.link.handle.receive.remote(ticket, boxed), timeout=self.config.write_timeout_s)
+            ray.get(self.link.handle.receive.remote(dumps(ticket), boxed),
+                    timeout=self.config.write_timeout_s)
             return None
         except RayActorError as exc:
             self._replace_writer()

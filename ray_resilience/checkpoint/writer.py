@@ -24,6 +24,7 @@ from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
 from ray_resilience.checkpoint.types import MemoryEntry, SaveTicket, ShardOutcome, ShardReport
+from ray_resilience.checkpoint.warm_import import WarmImport, dumps
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, int, int]  # (session, step, rank)
@@ -52,13 +53,16 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
         self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0}
         self._last_error: str | None = None
+        self._warm = WarmImport("ray_resilience.checkpoint.shard_io")
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def receive(self, ticket: SaveTicket, boxed: list[Any]) -> None:
-        """Takes a rank's snapshot: copies it into a writer-owned object, queues the write."""
+    def receive(self, message: bytes, boxed: list[Any]) -> None:
+        """Takes a rank's snapshot (its `SaveTicket` pickled: it holds DCP types, see
+        `warm_import`): copies it into a writer-owned object, queues the write."""
+        ticket: SaveTicket = self._warm.loads(message)
         payload = ray.get(boxed[0])
         own = ray.put(payload)
         nbytes = payload.nbytes
@@ -78,7 +82,7 @@ class CheckpointWriter:
         if shard is None:
             return
         ticket, start = shard.ticket, time.time()
-        from ray_resilience.checkpoint.shard_io import write_shard  # noqa: PLC0415 - torch, at the first write
+        from ray_resilience.checkpoint.shard_io import write_shard  # noqa: PLC0415 - imported by self._warm
 
         try:
             payload = ray.get(shard.boxed[0])
@@ -100,7 +104,7 @@ class CheckpointWriter:
             writer_id=self.writer_id, files=files, written_items=written, storage_infos=infos,
             planner_data=ticket.planner_data, staged_at=ticket.staged_at, durable_at=time.time(),
             nbytes=shard.nbytes)
-        self._coordinator.shard_durable.remote(report)
+        self._coordinator.shard_durable.remote(dumps(report))
         self._finish(key, ShardOutcome(ticket.session, ticket.step, True, write_s=time.time() - start))
 
     def _on_retry(self, err: CheckpointStorageError, delay_s: float) -> None:
