@@ -39,6 +39,25 @@ FINAL_SAVE_TIMEOUT_S = 600.0
 """How long a rank whose train function returned waits for its last save to be durable."""
 
 
+STORE_PROBE_INTERVAL_S = 0.005
+
+
+def _wait_listening(host: str, port: int, timeout_s: float) -> None:
+    """Returns once rank 0's store accepts connections (or at the timeout; the store then
+    reports the failure). A TCPStore client that finds no server yet backs off for 0.3-0.7 s
+    (measured here, torch 2.13): without this, every restart in which a peer reached the
+    rendezvous before rank 0 paid that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(STORE_PROBE_INTERVAL_S)
+
+
 class Worker:
     """One rank. Created once per rank (and again only when the rank is respawned)."""
 
@@ -229,6 +248,8 @@ class Worker:
         t0 = time.time()
         self._in_rendezvous = True
         self._aborter.snapshot_before_init(store_port=spec.master_port)
+        if spec.rank != 0:
+            _wait_listening(spec.master_addr, spec.master_port, spec.rendezvous_timeout_s)
         # Our own store, so the rendezvous has its own (short) timeout while collectives keep
         # the long process-group backstop.
         store = dist.TCPStore(
