@@ -186,3 +186,17 @@ def test_torchft_detection_is_the_first_quorum_change() -> None:
              "should_commit=true", "got lighthouse quorum ... quorum_id: 1, participants: [a, b]",
              "got lighthouse quorum ... quorum_id: 2, participants: [a]"]
     assert [bool(detect(line)) for line in lines] == [False, False, False, True]
+
+
+def test_per_step_wall_skips_the_first_step_and_reads_sparse_samples():
+    from ray_resilience.goodput import RunTimeline
+
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    for step, t in ((1, 5.0), (2, 5.5), (4, 6.5), (10, 9.5)):  # start-up, then 0.5 s per step
+        timeline.step_completed(step, t, 2)
+    assert bench_recovery.per_step_wall_s(timeline) == pytest.approx(0.5)
+    short = RunTimeline()
+    short.run_started(0.0, 2)
+    short.step_completed(1, 1.0, 2)
+    assert bench_recovery.per_step_wall_s(short) is None
