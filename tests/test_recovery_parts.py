@@ -167,3 +167,7 @@ def test_progress_counts_a_step_one_rank_reported_before_its_peers_reports_arriv
     faults = tuple(fault("exception", a % 2, attempt=a) for a in range(4))
     assert NoProgressLimit(3)(state(*faults, progress=progress)) == []
     assert NoProgressLimit(3)(state(*faults, progress=(1, 1, 1, 1))) != []
+    # The failing rank's outcome carries its newest step even if the heartbeat with it is late.
+    record.note_reached(4, 5)
+    record.note_reached(4, None)
+    assert record.reached_by_attempt[4] == 5

@@ -91,15 +91,19 @@ class RunRecord:
             self.timeouts.observe("step", t - last)
         self._last_mark[key] = max(t, last or 0.0)
 
+    def note_reached(self, attempt: int, step: int | None) -> None:
+        """A rank reported `step` in `attempt` (see `reached_by_attempt`)."""
+        if step is not None:
+            with self.lock:
+                self.reached_by_attempt[attempt] = max(step, self.reached_by_attempt.get(attempt, step))
+
     def add_reports(self, attempt: int, records: list[dict[str, Any]]) -> None:
         """Metric dicts from one rank; a step completes globally when every rank reported it."""
         with self.lock:
             for rec in records:
                 self.history.append({**rec, "attempt": attempt})
                 self._observe_step(attempt, rec)
-                if rec.get("step") is not None:
-                    reached = self.reached_by_attempt.get(attempt, rec["step"])
-                    self.reached_by_attempt[attempt] = max(rec["step"], reached)
+                self.note_reached(attempt, rec.get("step"))
                 key = (attempt, rec["step"])
                 count, t = self._pending.get(key, (0, 0.0))
                 count, t = count + 1, max(t, rec.get("time", time.time()))

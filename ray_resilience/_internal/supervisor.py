@@ -234,6 +234,8 @@ class Supervisor:
             self.ranks[outcome.rank].observe(outcome.attempt, outcome.last_step,
                                              outcome.last_step_time)
             self.ranks[outcome.rank].done = outcome.status == "finished"
+            # Its newest step, even if the heartbeat that carried it is still in flight.
+            self.record.note_reached(outcome.attempt, outcome.last_step)
             self.record.add_events(outcome.attempt, outcome.events)
             self.record.add_reports(outcome.attempt, outcome.metrics)
             self.record.add_saves(outcome.attempt, outcome.checkpoint_saves, time.time())
