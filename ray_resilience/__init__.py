@@ -9,8 +9,9 @@ this package without importing torch (seconds per process), the ranks get everyt
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ray_resilience._internal.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("CheckpointConfig", "LoadedCheckpoint"), "ray_resilience.checkpoint"),
@@ -40,17 +41,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ray_resilience' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
