@@ -161,7 +161,7 @@ def test_progress_counts_a_step_one_rank_reported_before_its_peers_reports_arriv
     record = RunRecord(world_size=2)
     for attempt in range(4):
         record.add_reports(attempt, [{"rank": attempt % 2, "step": attempt + 1, "time": float(attempt)}])
-    assert record.last_step_by_attempt == {}  # no step completed on every rank yet
+    assert record.global_step is None  # no step completed on every rank yet
     progress = tuple(record.reached_by_attempt.get(a) for a in range(4))
     assert progress == (1, 2, 3, 4)
     faults = tuple(fault("exception", a % 2, attempt=a) for a in range(4))

@@ -32,7 +32,6 @@ class RunRecord:
         self._saves: dict[tuple[int, int], tuple[int, float, float]] = {}
         self.global_step: int | None = None
         self.first_step_by_attempt: dict[int, tuple[int, float]] = {}
-        self.last_step_by_attempt: dict[int, int] = {}
         self.reached_by_attempt: dict[int, int] = {}
         """The newest step any rank reported per attempt. Progress for restart-storm limits: a
         rank can only finish a step its peers took part in (its collectives), and when a rank
@@ -119,7 +118,6 @@ class RunRecord:
                 and attempt in self.launched_at:
             self.timeouts.observe("first_step", t - self.launched_at[attempt])
         self.first_step_by_attempt.setdefault(attempt, (step, t))
-        self.last_step_by_attempt[attempt] = max(step, self.last_step_by_attempt.get(attempt, step))
         self.timeline.step_completed(step, t, self.world_size)
         if self.metrics is not None:
             self.metrics.on_step(step)
