@@ -13,6 +13,7 @@ service. Ranks that fail that check are killed and replaced by fresh ones.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from typing import Any
@@ -211,23 +212,28 @@ def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | Non
             for rank in range(world_size)]
 
 
-_parked: list[tuple[str, list[Any]]] = []
-"""Idle ranks of this test module, by preset (see the module docstring)."""
-_pooled: dict[Any, str] = {}
-"""Preset by actor id of the ranks `start_with` handed out (parked by `stop_ranks`)."""
+@dataclasses.dataclass
+class _Group:
+    """Ranks `start_with` handed out in this test module; `parked` between two tests."""
+
+    preset: str
+    ranks: list[Any]
+    parked: bool = False
+
+
+_groups: list[_Group] = []
 
 
 def _unpark(world_size: int, preset: str) -> list[Any] | None:
     """Parked ranks of that size and preset, reset and checked; None if there are none."""
-    for i, (parked_preset, ranks) in enumerate(_parked):
-        if parked_preset == preset and len(ranks) == world_size:
-            del _parked[i]
-            try:
-                if on_all(ranks, "reset", preset, timeout=60) == [float(world_size)] * world_size:
-                    return ranks
-            except Exception:  # noqa: BLE001 - a broken group: fresh ranks instead
-                pass
-            _kill(ranks)
+    for group in [g for g in _groups if g.parked and g.preset == preset and len(g.ranks) == world_size]:
+        try:
+            if on_all(group.ranks, "reset", preset, timeout=60) == [float(world_size)] * world_size:
+                group.parked = False
+                return group.ranks
+        except Exception:  # noqa: BLE001 - a broken group: fresh ranks instead
+            pass
+        stop_ranks(group.ranks, kill=True)
     return None
 
 
@@ -236,14 +242,16 @@ def start_with(service_factory: Any, *, world_size: int = 2, preset: str = "tiny
     """Ranks (parked ones of this module, else new) and their checkpoint service
     (`service_factory()`, started while new ranks start), each rank attached to it; the
     background snapshot copy of each save starts `copy_delay_s` late."""
-    ranks = _unpark(world_size, preset) or start_ranks([], world_size=world_size, preset=preset)
-    _pooled.update({r._actor_id: preset for r in ranks})
+    ranks = _unpark(world_size, preset)
+    if ranks is None:
+        ranks = start_ranks([], world_size=world_size, preset=preset)
+        _groups.append(_Group(preset, ranks))
     try:
         service = service_factory()
         ray.get([r.attach.remote(service.rank_spec(i), copy_delay_s) for i, r in enumerate(ranks)],
                 timeout=150)
     except BaseException:
-        _kill(ranks)
+        stop_ranks(ranks, kill=True)
         raise
     return service, ranks
 
@@ -256,27 +264,22 @@ def on_all(ranks: list[Any], method: str, *args: Any, timeout: float = 150.0, **
 def stop_ranks(ranks: list[Any], *, kill: bool = False) -> None:
     """Parks ranks from `start_with` (their checkpointer closed) unless `kill`; kills the
     others. Parked ranks are left alone by a second call."""
-    parked = {r._actor_id for _, group in _parked for r in group}
-    if not kill and all(r._actor_id in parked for r in ranks):
-        return
-    if not kill and all(r._actor_id in _pooled for r in ranks):
-        preset = _pooled[ranks[0]._actor_id]
+    group = next((g for g in _groups if g.ranks == list(ranks)), None)
+    if group is not None and not kill:
+        if group.parked:
+            return
         try:
             on_all(ranks, "detach", timeout=60)
-            for r in ranks:
-                del _pooled[r._actor_id]
-            _parked.append((preset, list(ranks)))
+            group.parked = True
             return
         except Exception:  # noqa: BLE001 - not reusable: killed below
             pass
-    for i in [i for i, (_, group) in enumerate(_parked) if any(r in group for r in ranks)][::-1]:
-        del _parked[i]
+    if group is not None:
+        _groups.remove(group)
     _kill(ranks)
 
 
 def _kill(ranks: list[Any]) -> None:
-    for r in ranks:
-        _pooled.pop(r._actor_id, None)
     try:
         ray.get([r.close.remote() for r in ranks], timeout=60)
     except Exception:  # noqa: BLE001 - killed below either way
@@ -286,6 +289,6 @@ def _kill(ranks: list[Any]) -> None:
 
 
 def drain_parked() -> None:
-    """Kills the parked ranks (at the end of each test module)."""
-    while _parked:
-        _kill(_parked.pop()[1])
+    """Kills this module's ranks (at its end)."""
+    while _groups:
+        _kill(_groups.pop().ranks)
