@@ -116,6 +116,19 @@ def test_snapshot_mode_is_checked(value):
     assert "CheckpointConfig.snapshot" in str(info.value) and "'sync'" in str(info.value)
 
 
+def test_auto_snapshot_copies_small_states_in_sync_and_overlaps_large_ones():
+    auto = CheckpointConfig()
+    assert auto.snapshot == "auto" and auto.auto_sync_max_bytes == 8 * 2**20
+    assert not auto.overlaps_copy(2**20, has_optimizer=True)
+    assert auto.overlaps_copy(8 * 2**20, has_optimizer=True)
+    assert not auto.overlaps_copy(2**30, has_optimizer=False)  # nothing holds the writes
+    assert CheckpointConfig(snapshot="overlap").overlaps_copy(1, has_optimizer=True)
+    assert not CheckpointConfig(snapshot="sync").overlaps_copy(2**30, has_optimizer=True)
+    assert CheckpointConfig(auto_sync_max_bytes=0).overlaps_copy(1, has_optimizer=True)
+    with pytest.raises(ConfigError, match="CheckpointConfig.auto_sync_max_bytes"):
+        CheckpointConfig(auto_sync_max_bytes=-1)
+
+
 def test_assign_owners_keeps_sharded_items_and_dedups_replicated_ones():
     rank0 = [("model.w|(0, 0)", 400), ("optimizer.step|()", 8), ("optimizer.lr|()", 0)]
     rank1 = [("model.w|(4, 0)", 400), ("optimizer.step|()", 8), ("optimizer.lr|()", 0)]

@@ -81,7 +81,7 @@ class RankCheckpointer:
         source = self._cache.source(model, optimizer)
         self._stats.phase("capture", captured)
         copied = time.perf_counter()
-        overlap = self.config.snapshot == "overlap" and optimizer is not None
+        overlap = self.config.overlaps_copy(source.tensor_bytes, has_optimizer=optimizer is not None)
         if overlap:
             self._pipeline.copier.guard(optimizer)
         staged = self._pipeline.stage(step, source, extra_bytes, copy_all_now=not overlap)

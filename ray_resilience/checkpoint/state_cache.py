@@ -43,6 +43,8 @@ class SaveSource:
     """Indices into `tensors` only the optimizer step changes (parameters, optimizer state):
     these may be copied after `save` returns. The rest (buffers) are copied before."""
     blobs: list[bytes]
+    tensor_bytes: int
+    """Bytes of this rank's tensor items (what a snapshot copies)."""
 
 
 @dataclasses.dataclass
@@ -51,6 +53,7 @@ class _Plan:
     planner_data: dict
     plan_id: str
     keys: list[tuple[str, int]]
+    tensor_bytes: int
 
 
 @dataclasses.dataclass
@@ -133,7 +136,7 @@ class StateCache:
     def _source(entry: _Entry, blobs: list[bytes]) -> SaveSource:
         plan = entry.plan
         return SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys, entry.tensors,
-                          entry.names, entry.holders, entry.overlap, blobs)
+                          entry.names, entry.holders, entry.overlap, blobs, plan.tensor_bytes)
 
     def _build(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, fp: tuple,
                pinned: list) -> tuple[_Entry, list[bytes]]:
@@ -157,7 +160,8 @@ def _new_plan(state: CapturedState) -> _Plan:
     items, planner_data = state.build_items()
     keys = [(f"{i.index.fqn}|{tuple(i.index.offset or ())}", item_nbytes(i)) for i in items]
     plan_id = hashlib.sha1(repr(keys).encode()).hexdigest()[:16]
-    return _Plan(items, planner_data, plan_id, keys)
+    tensor_bytes = sum(item_nbytes(i) for i in items if is_tensor_item(i))
+    return _Plan(items, planner_data, plan_id, keys, tensor_bytes)
 
 
 def _holder(t: torch.Tensor, *maps: dict[int, torch.Tensor]) -> torch.Tensor:
