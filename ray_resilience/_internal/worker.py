@@ -90,12 +90,15 @@ class Worker:
                 "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def prewarm(self) -> None:
-        """Imports what every attempt needs and freezes start-up objects out of the collector.
+        """Imports what every attempt needs, runs one FSDP2 step and one checkpoint restore on
+        a toy model, and freezes start-up objects out of the collector.
 
         Called on every new actor right after it starts (before its first attempt, which waits
-        for it): an interrupt that lands inside a first-time import would leave a half-initialized
-        module behind for every later attempt of the process; and a warm spare taking over a dead
-        rank skips this work (~1 s on a busy 2-core machine). Safe to call more than once.
+        for it): the first step and restore in a process import more modules lazily (e.g.
+        torch._dynamo), and an interrupt that lands inside a first-time import leaves a
+        half-initialized module behind for every later attempt of the process (seen here: an
+        init-phase fault's restart broke every later attempt). A warm spare taking over a dead
+        rank has all of it done (1.5-2 s on a busy 2-core machine). Safe to call more than once.
         """
         with self._setup_lock:
             if self._frozen:
@@ -326,13 +329,16 @@ class Worker:
 
 
 def _warm_fsdp(port: int) -> None:
-    """One FSDP2 step on a private single-rank gloo group, then everything released.
+    """One FSDP2 step and one memory-tier restore on a private single-rank gloo group, then
+    everything released.
 
-    The first fully_shard, DTensor dispatch and optimizer step in a process pay for lazy
-    imports and caches; a spare pays them before it is needed. Touches no user code, and runs
-    only while no attempt runs in this process (it uses the default group).
+    The first fully_shard, DTensor dispatch, optimizer step and checkpoint restore in a process
+    pay for lazy imports and caches; a spare pays them before it is needed. Touches no user
+    code, and runs only while no attempt runs in this process (it uses the default group).
     """
     from torch.distributed.fsdp import fully_shard
+
+    from ray_resilience.checkpoint.loader import warm_restore_path
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
@@ -342,6 +348,7 @@ def _warm_fsdp(port: int) -> None:
         optimizer = torch.optim.AdamW(model.parameters())
         model(torch.ones(2, 8)).sum().backward()
         optimizer.step()
+        warm_restore_path(model, optimizer)
         del model, optimizer
     finally:
         teardown_process_groups(count_meshes=False)
