@@ -5,7 +5,7 @@ Each `RankActor` builds the tiny LLaMA sharded with `fully_shard`, an AdamW opti
 state end bit-equal.
 
 Starting two ranks costs ~10 s here (two processes importing torch on two cores), so the ranks
-`start_with` hands out are reused within a test module: `stop_ranks` closes their checkpointer
+`start_with` hands out are reused across tests and modules: `stop_ranks` closes their checkpointer
 and parks them; the next `start_with` rebuilds model and optimizer from the seed in the same
 processes (and process group), checks the group with a collective, and attaches the new
 service. Ranks that fail that check are killed and replaced by fresh ones.
@@ -214,7 +214,7 @@ def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | Non
 
 @dataclasses.dataclass
 class _Group:
-    """Ranks `start_with` handed out in this test module; `parked` between two tests."""
+    """Ranks `start_with` handed out in this test session; `parked` between two tests."""
 
     preset: str
     ranks: list[Any]
@@ -239,7 +239,7 @@ def _unpark(world_size: int, preset: str) -> list[Any] | None:
 
 def start_with(service_factory: Any, *, world_size: int = 2, preset: str = "tiny",
                copy_delay_s: float = 0.0) -> tuple[Any, list[Any]]:
-    """Ranks (parked ones of this module, else new) and their checkpoint service
+    """Ranks (parked ones of this session, else new) and their checkpoint service
     (`service_factory()`, started while new ranks start), each rank attached to it; the
     background snapshot copy of each save starts `copy_delay_s` late."""
     ranks = _unpark(world_size, preset)
@@ -289,6 +289,6 @@ def _kill(ranks: list[Any]) -> None:
 
 
 def drain_parked() -> None:
-    """Kills this module's ranks (at its end)."""
+    """Kills the session's ranks (at its end)."""
     while _groups:
         _kill(_groups.pop().ranks)

@@ -17,15 +17,6 @@ if ROOT not in sys.path:
 pytest_plugins: list[str] = ["tests.s3_server"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _drain_parked_ranks():
-    """Checkpoint tests reuse their ranks within a module (tests/checkpoint_harness.py)."""
-    yield
-    harness = sys.modules.get("tests.checkpoint_harness")
-    if harness is not None:
-        harness.drain_parked()
-
-
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray started by this test session, with its own temp dir; shut down at the end.
@@ -51,6 +42,11 @@ def ray_session():
     try:
         yield ray
     finally:
+        # Checkpoint tests reuse their ranks across tests and modules (tests/checkpoint_harness.py:
+        # a parked rank holds no CPU and starts over from the seed); they go before Ray does.
+        harness = sys.modules.get("tests.checkpoint_harness")
+        if harness is not None:
+            harness.drain_parked()
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -63,3 +59,25 @@ def token_data_dir(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("token-data"))
     generate_shards(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def clean_run(ray_session, token_data_dir, tmp_path_factory):
+    """`clean_run(num_workers=2, max_steps=12)`: the fault-free run of tests/workload.py that
+    fault runs must end bit-equal to (the oracle), trained once per session per shape and
+    shared by every module (each costs a run: actor start-up, imports, training)."""
+    from tests import workload
+
+    runs: dict[tuple[int, int], object] = {}
+
+    def get(num_workers: int = 2, max_steps: int = 12):
+        key = (num_workers, max_steps)
+        if key not in runs:
+            result = workload.fit(token_data_dir, str(tmp_path_factory.mktemp("clean")),
+                                  f"clean-{num_workers}x{max_steps}", num_workers=num_workers,
+                                  max_steps=max_steps)
+            assert result.ok, result.error
+            runs[key] = result
+        return runs[key]
+
+    return get

@@ -1,6 +1,7 @@
 """Run in a subprocess by test_node_loss.py: a 3-node local cluster loses a node mid-run.
 
-Prints one JSON line: the clean and faulty runs' outcomes and whether final weights match.
+Prints one JSON line: the faulty run's outcome and whether its final weights equal the fault-free
+weights the test handed over (trained once on the test session's local Ray).
 """
 
 from __future__ import annotations
@@ -68,10 +69,18 @@ def _control_nodes(run_name: str) -> set[str]:
     return nodes
 
 
-def main(data_dir: str, storage: str, mode: str) -> None:
+def _equal(faulty: rr.Result, clean: list[dict] | None) -> bool:
+    return bool(faulty.ok and clean) and all(
+        workload.torch.equal(faulty.return_values[r]["state"][k], clean[r][k])
+        for r in range(2) for k in clean[r])
+
+
+def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
     """mode "replace": capacity returns and the lost rank is respawned (bit-equal oracle);
     mode "shrink": it never returns and the run finishes on the remaining rank;
-    mode "exclude": rank 1 is killed twice on its node, which is then excluded (see `exclude`)."""
+    mode "exclude": rank 1 is killed twice on its node, which is then excluded (see `exclude`).
+    `reference`: the fault-free final weights of the same workload (a file the test wrote)."""
+    clean = workload.torch.load(reference, weights_only=True) if reference else None
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "_system_config": {"health_check_period_ms": 500,
                                           "health_check_failure_threshold": 4}})
@@ -88,7 +97,6 @@ def main(data_dir: str, storage: str, mode: str) -> None:
             run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
             resilience=resilience).fit()
 
-    clean = fit("clean", rr.ResilienceConfig.disabled()) if mode in ("replace", "exclude") else None
     if mode == "exclude":
         exclude(fit, clean)
         ray.shutdown()
@@ -113,20 +121,17 @@ def main(data_dir: str, storage: str, mode: str) -> None:
     remove_node_at(cluster, victim, "lost", 5, log, add_back=mode == "replace")
     trainer.join()
     faulty = box["result"]
-    equal = all(
-        workload.torch.equal(faulty.return_values[r]["state"][k], clean.return_values[r]["state"][k])
-        for r in range(2) for k in clean.return_values[r]["state"]) if faulty.ok and clean else False
-    print(json.dumps({"clean_ok": clean.ok if clean else None, "ok": faulty.ok,
+    print(json.dumps({"ok": faulty.ok,
                       "final_step": faulty.metrics.get("step"),
                       "world_sizes": sorted({v is not None for v in faulty.return_values}),
                       "num_returns": len(faulty.return_values), "error": str(faulty.error),
-                      "faults": faulty.faults, "bit_equal": equal, "log": log,
+                      "faults": faulty.faults, "bit_equal": _equal(faulty, clean), "log": log,
                       "loads": (faulty.checkpoint or {}).get("loads")}, default=str))
     ray.shutdown()
     cluster.shutdown()
 
 
-def exclude(fit, clean: rr.Result) -> None:
+def exclude(fit, clean: list[dict] | None) -> None:
     """Rank 1 is SIGKILLed at steps 4 and 8 on the same node; with max_node_faults=1 that node
     is excluded at the second fault and rank 1 moves to the third node (3 worker nodes, 2 ranks)."""
     plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="sigkill"),
@@ -134,17 +139,14 @@ def exclude(fit, clean: rr.Result) -> None:
     faulty = fit("exclude", rr.ResilienceConfig.default(
         checkpoint_interval=2, fault_plan=plan,
         in_job=rr.InJobConfig(max_node_faults=1, replacement_timeout_s=60.0)))
-    equal = faulty.ok and clean.ok and all(
-        workload.torch.equal(faulty.return_values[r]["state"][k], clean.return_values[r]["state"][k])
-        for r in range(2) for k in clean.return_values[r]["state"])
-    print(json.dumps({"clean_ok": clean.ok, "ok": faulty.ok, "error": str(faulty.error),
-                      "faults": faulty.faults, "bit_equal": equal,
-                      "final_nodes": [v["node_id"] if v else None for v in faulty.return_values],
-                      "clean_nodes": [v["node_id"] if v else None for v in clean.return_values]},
+    print(json.dumps({"ok": faulty.ok, "error": str(faulty.error),
+                      "faults": faulty.faults, "bit_equal": _equal(faulty, clean),
+                      "final_nodes": [v["node_id"] if v else None for v in faulty.return_values]},
                      default=str))
 
 
 if __name__ == "__main__":
     os.environ.pop("RAY_ADDRESS", None)
     tempfile.tempdir = tempfile.mkdtemp(prefix="rr-nl-", dir="/tmp")
-    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "replace")
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "replace",
+         sys.argv[4] if len(sys.argv) > 4 else None)

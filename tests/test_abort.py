@@ -134,14 +134,16 @@ def test_fsdp2_rank_blocked_in_collectives_is_aborted_and_rebuilt(phase: str):
 
 
 @pytest.mark.timeout(400)
-def test_soak_20_restarts_return_fds_threads_and_meshes_to_baseline():
-    """Issue 4 section 5: init, FSDP2 model + AdamW, a step, abort mid-step, teardown; 20 times.
+def test_soak_10_restarts_return_fds_threads_and_meshes_to_baseline():
+    """Init, FSDP2 model + AdamW, a step, abort mid-step, teardown; 10 times (a leak of one
+    descriptor, thread or mesh per attempt shows after the second; the 100-restart soak of a
+    whole run is tests/test_soak.py, marked slow).
 
     Descriptors return exactly to their level before the first attempt. Threads may grow once:
     the first parallel op starts torch's intra-op (OpenMP) pool, ``get_num_threads() - 1``
     workers, which live for the process; every later attempt must return exactly to that level.
     """
-    cycles = 20
+    cycles = 10
     for result in run_ranks("soak", str(cycles), timeout_s=380):
         start, counts = result["start"], result["counts"]
         where = (f"rank {result['rank']}: start {start}, per attempt {counts}; threads at start "

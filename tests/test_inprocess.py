@@ -18,11 +18,9 @@ def _resilience(plan, **kwargs) -> rr.ResilienceConfig:
 
 
 @pytest.fixture(scope="module")
-def clean_runs(ray_session, token_data_dir, tmp_path_factory):
+def clean_runs(clean_run):
     """Fault-free final weights for 2 and 3 workers (the oracle)."""
-    store = str(tmp_path_factory.mktemp("clean"))
-    return {n: workload.fit(token_data_dir, store, f"clean{n}", num_workers=n, max_steps=STEPS)
-            for n in (2, 3)}
+    return {n: clean_run(n, STEPS) for n in (2, 3)}
 
 
 @pytest.mark.timeout(240)

@@ -216,16 +216,27 @@ def _committed_steps(run_dir: Path) -> list[str]:
     return sorted(p.name for p in root.glob("step_*") if (p / MANIFEST_NAME).is_file())
 
 
-@pytest.mark.timeout(300)
-def test_submitted_training_job_succeeds_and_commits_checkpoints(
+@pytest.mark.timeout(360)
+def test_submitted_training_job_succeeds_and_a_misconfigured_one_fails(
     local_head: LocalHead, tmp_path: Path
 ) -> None:
+    """Two jobs on the head at once (each costs a job driver's start-up, so they overlap): one
+    trains and commits checkpoints, the other has a bad setting and fails, naming it."""
     store, job_id = tmp_path / "store", f"submit-ok-{secrets.token_hex(4)}"
+    bad_id = f"submit-fail-{secrets.token_hex(4)}"
+    _submit(
+        local_head, bad_id, "python", "jobs/train_llama_fsdp.py", "--num_workers", "0",
+        "--storage_path", str(tmp_path / "bad-store"), "--data_dir", str(tmp_path / "bad-data"),
+    )  # fmt: skip
     _submit(
         local_head, job_id, "python", "jobs/train_llama_fsdp.py", "--max_steps", "12",
         "--num_workers", "2", "--checkpoint_interval", "5", "--storage_path", str(store),
         "--run_name", "submit-test", "--data_dir", str(tmp_path / "data"), "--quiet",
     )  # fmt: skip
+    bad_status = local_head.wait(bad_id, JOB_FAILED_S)
+    bad_logs = local_head.logs(bad_id)
+    assert bad_status == "FAILED", f"job ended {bad_status}; logs:\n{bad_logs[-4000:]}"
+    assert "num_workers" in bad_logs and "Error" in bad_logs, bad_logs[-4000:]
     status = local_head.wait(job_id, JOB_SUCCEEDED_S)
     assert status == "SUCCEEDED", f"job ended {status}; logs:\n{local_head.logs(job_id)[-4000:]}"
     run_dir = store / "submit-test"
@@ -234,18 +245,3 @@ def test_submitted_training_job_succeeds_and_commits_checkpoints(
     committed = _committed_steps(run_dir)
     # Saves at steps 5 and 10; both committed and kept (num_to_keep=2).
     assert [int(name.split("_")[1]) for name in committed] == [5, 10], committed
-
-
-@pytest.mark.timeout(150)
-def test_failing_entrypoint_ends_failed_with_error_in_logs(
-    local_head: LocalHead, tmp_path: Path
-) -> None:
-    job_id = f"submit-fail-{secrets.token_hex(4)}"
-    _submit(
-        local_head, job_id, "python", "jobs/train_llama_fsdp.py", "--num_workers", "0",
-        "--storage_path", str(tmp_path / "store"), "--data_dir", str(tmp_path / "data"),
-    )  # fmt: skip
-    status = local_head.wait(job_id, JOB_FAILED_S)
-    logs = local_head.logs(job_id)
-    assert status == "FAILED", f"job ended {status}; logs:\n{logs[-4000:]}"
-    assert "num_workers" in logs and "Error" in logs, logs[-4000:]

@@ -12,15 +12,23 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(mode: str, data_dir: str, storage: str) -> dict:
+def _run(mode: str, data_dir: str, storage: str, clean=None) -> dict:
+    """Runs tests/node_loss_run.py; `clean` (a fault-free Result of the session's local Ray,
+    the same workload) is handed over as a file of final weights, the oracle of the run."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = ROOT
+    args = [data_dir, storage, mode]
+    if clean is not None:
+        reference = os.path.join(os.path.dirname(storage), "clean_states.pt")
+        torch.save([v["state"] for v in clean.return_values], reference)
+        args.append(reference)
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tests", "node_loss_run.py"), data_dir, storage, mode],
+        [sys.executable, os.path.join(ROOT, "tests", "node_loss_run.py"), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
@@ -28,9 +36,9 @@ def _run(mode: str, data_dir: str, storage: str) -> dict:
 
 
 @pytest.mark.timeout(420)
-def test_node_removed_without_grace_during_training(token_data_dir, tmp_path):
-    out = _run("replace", token_data_dir, str(tmp_path / "store"))
-    assert out["clean_ok"] and out["ok"], out["error"]
+def test_node_removed_without_grace_during_training(clean_run, token_data_dir, tmp_path):
+    out = _run("replace", token_data_dir, str(tmp_path / "store"), clean_run(2, 12))
+    assert out["ok"], out["error"]
     assert out["log"]["removed_node"] and "added_at" in out["log"]
     assert out["faults"], "the node loss was not detected"
     assert out["bit_equal"], "final weights differ from the fault-free run"
@@ -45,11 +53,11 @@ def test_lost_node_without_capacity_shrinks_to_min_workers(token_data_dir, tmp_p
     assert out["faults"], "the node loss was not detected"
 
 
-@pytest.mark.slow  # ~1.5 min: a 4-node simulated cluster, a clean and a twice-faulted run
+@pytest.mark.slow  # ~1.5 min: a 4-node simulated cluster, a twice-faulted run
 @pytest.mark.timeout(420)
-def test_node_that_keeps_failing_is_excluded_and_its_rank_moves(token_data_dir, tmp_path):
-    out = _run("exclude", token_data_dir, str(tmp_path / "store"))
-    assert out["clean_ok"] and out["ok"], out["error"]
+def test_node_that_keeps_failing_is_excluded_and_its_rank_moves(clean_run, token_data_dir, tmp_path):
+    out = _run("exclude", token_data_dir, str(tmp_path / "store"), clean_run(2, 12))
+    assert out["ok"], out["error"]
     first, second = out["faults"]
     assert first["cause"] == second["cause"] == "actor_died" and first["ranks"] == [1]
     assert first["excluded_nodes"] == [] and first["nodes"] == second["nodes"]  # same node twice

@@ -42,7 +42,7 @@ def _own_threads(sample: dict) -> list[str]:
     return [n for n in sample["thread_names"] if not n.startswith("Dummy-")]
 
 
-@pytest.mark.slow  # 0.5-1 min; tests/test_abort.py's 20-restart soak runs by default
+@pytest.mark.slow  # 0.5-1 min; tests/test_abort.py's 10-restart soak runs by default
 @pytest.mark.timeout(600)
 def test_hundred_inprocess_restarts_leak_nothing(ray_session, tmp_path):
     result = rr.ResilientTrainer(

@@ -17,7 +17,7 @@ LR = 3e-3
 
 
 def train_loop(cfg: dict) -> dict:
-    """FSDP2 tiny LLaMA; returns the full (gathered) state dict and this rank's PID."""
+    """FSDP2 tiny LLaMA; returns the full (gathered) state dict and this rank's process."""
     ctx = rr.get_context()
     model = build_model("tiny", seed=0)
     for layer in model.layers:
@@ -44,8 +44,11 @@ def train_loop(cfg: dict) -> dict:
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     import ray  # noqa: PLC0415 - the node this rank finished on
 
+    import psutil  # noqa: PLC0415 - when this rank's process started (a Ray dependency)
+
     return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt,
-            "node_id": ray.get_runtime_context().get_node_id()}
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "started_at": psutil.Process().create_time()}
 
 
 def single_process_reference(data_dir: str, *, world_size: int, max_steps: int) -> dict:
