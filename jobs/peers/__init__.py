@@ -16,6 +16,7 @@ MECHANISMS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "ours-inprocess": ("ours_peer", "OursPeer", {"variant": "inprocess"}),
     "ours-replace-failed": ("ours_peer", "OursPeer", {"variant": "replace-failed"}),
     "ours-replace-failed-spare": ("ours_peer", "OursPeer", {"variant": "replace-failed-spare"}),
+    "ours-replace-failed-2spares": ("ours_peer", "OursPeer", {"variant": "replace-failed-2spares"}),
     "ours-all": ("ours_peer", "OursPeer", {"variant": "all"}),
     "ray-train": ("ray_train_peer", "RayTrainPeer", {}),
     "nvrx-ft-launcher": ("nvrx_peer", "NvrxPeer", {}),

@@ -8,6 +8,8 @@
   new actors, survivors restart in-process;
 - ours-replace-failed-spare: the same with one warm spare actor (`InJobConfig(num_spares=1)`,
   one more bundle of resources): a replacement skips process start-up;
+- ours-replace-failed-2spares: two warm spares (two more bundles): a second fault that comes
+  before the first spare's replacement is warm (4-5 s here) still finds one;
 - ours-all: plus `InJobConfig(policy="all")`: every rank is replaced (ft_launcher behaviour).
 
 The train function is the same loop as the peers' (`workload.build`, same data and steps) written
@@ -37,7 +39,8 @@ from .ray_session import private_ray
 from .spec import PeerRun, Workload
 from .workload import build, read_final_params, write_final_params
 
-VARIANTS = ("inprocess", "replace-failed", "replace-failed-spare", "all")
+VARIANTS = ("inprocess", "replace-failed", "replace-failed-spare", "replace-failed-2spares", "all")
+SPARES = {"replace-failed-spare": 1, "replace-failed-2spares": 2}
 
 
 def _train_loop(config: dict[str, Any]) -> dict[str, int]:
@@ -126,8 +129,8 @@ class OursPeer:
     def _trainer(self, rr: Any, workload: Workload) -> Any:
         kwargs: dict[str, Any] = {"checkpoint_interval": workload.checkpoint_interval,
                                   "fault_plan": workload.fault_plan}
-        if self.variant == "replace-failed-spare":
-            kwargs["in_job"] = rr.InJobConfig(policy="replace-failed", num_spares=1)
+        if self.variant in SPARES:
+            kwargs["in_job"] = rr.InJobConfig(policy="replace-failed", num_spares=SPARES[self.variant])
         elif self.variant != "inprocess":
             kwargs["in_job"] = rr.InJobConfig(policy=self.variant)
         else:  # rung 1 alone for soft faults: no fault counter sending a rank to respawn
