@@ -95,6 +95,9 @@ class Bench:
                 storage_filesystem=None, world_size=self.world_size,
                 node_ids_by_rank=[self.node] * self.world_size,
                 config=CheckpointConfig(in_flight_policy=method.split("_", 1)[1]))
+            # Steady-state saves only: the service's one-time import of DCP (a few CPU-seconds,
+            # which a run overlaps with its ranks' start-up) must not compete with the timed steps.
+            service.wait_ready()
             specs = [service.rank_spec(r) for r in range(self.world_size)]
             ray.get([rank.attach.remote(spec) for rank, spec in zip(self.ranks, specs, strict=True)])
         try:

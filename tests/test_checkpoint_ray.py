@@ -169,6 +169,7 @@ def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, d
 def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
     service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block"))
     try:
+        service.wait_ready(timeout_s=60)  # the coordinator and writer imported DCP
         on_all(ranks, "train", 5)
         assert all(on_all(ranks, "wait_idle"))
         wait_committed(service, 5)

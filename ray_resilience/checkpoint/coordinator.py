@@ -53,6 +53,11 @@ class CommitCoordinator:
         self._prune()
         self._warm = WarmImport("ray_resilience.checkpoint.dcp_metadata")
 
+    def ready(self) -> bool:
+        """Returns once the background import of DCP is done (the first commit needs it)."""
+        self._warm.wait()
+        return True
+
     # --- writers ----------------------------------------------------------------------------
 
     def ensure_writers(self, node_ids_by_rank: list[str],

@@ -59,6 +59,11 @@ class CheckpointWriter:
         return {"writer_id": self.writer_id, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id()}
 
+    def ready(self) -> bool:
+        """Returns once the background import of DCP is done (the first write needs it)."""
+        self._warm.wait()
+        return True
+
     def receive(self, message: bytes, boxed: list[Any]) -> None:
         """Takes a rank's snapshot (its `SaveTicket` pickled: it holds DCP types, see
         `warm_import`): copies it into a writer-owned object, queues the write."""
