@@ -111,22 +111,27 @@ class HandoffPipeline:
                     self._withdraw(withdrawn)
                 if slot is None:
                     self.stats.counts["skipped"] += 1  # every slot still in use: never wait
-            if slot is not None:
-                slot.ticket = SaveTicket(session=self.session, step=step, rank=self.rank,
-                                         world_size=self.world_size, items=source.items, owned=[],
-                                         planner_data=source.planner_data, staged_at=time.time())
-                slot.state, slot.blobs, slot.extra = SlotState.COPYING, source.blobs, extra
-            self._rounds.append(_Round(self.session, step, slot, source.plan_id, source.keys))
-            self.cond.notify_all()
-        if slot is None:
-            return False
+            rnd = _Round(self.session, step, slot, source.plan_id, source.keys)
+            if slot is None:
+                self._rounds.append(rnd)
+                self.cond.notify_all()
+                return False
+            slot.ticket = SaveTicket(session=self.session, step=step, rank=self.rank,
+                                     world_size=self.world_size, items=source.items, owned=[],
+                                     planner_data=source.planner_data, staged_at=time.time())
+            slot.state, slot.blobs, slot.extra = SlotState.COPYING, source.blobs, extra
+        # The round is queued after the synchronous part of the copy, with one wake-up of the
+        # background threads: they could do nothing with it before (a slot is voted on only once
+        # its copy is complete), and waking them while this thread copies cost it GIL hand-offs.
         later = set() if copy_all_now else set(source.overlap)
         slot.buffers.copy_now(source.tensors, [i for i in range(len(source.tensors)) if i not in later])
         with self.cond:
+            self._rounds.append(rnd)
             if later:
                 self.copier.submit(new_job(slot, source.tensors, sorted(later), source.holders, source.names))
             else:
                 self._copied(slot, None)
+            self.cond.notify_all()
         self.stats.counts["staged"] += 1
         return True
 
