@@ -41,17 +41,19 @@ def test_killed_ranks_are_replaced(clean, token_data_dir, tmp_path):
 
 @pytest.mark.timeout(240)
 def test_native_hang_escalates_to_respawn_onto_a_warm_spare(clean, token_data_dir, tmp_path):
-    """A rank hung outside Python cannot be interrupted: it is killed and a warm spare (started
-    with the run) takes its place; a new spare starts in the freed bundle."""
-    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="native_hang")])
-    result = workload.fit(token_data_dir, str(tmp_path), "native", max_steps=STEPS,
+    """A rank hung outside Python cannot be interrupted: it is killed and the warm spare started
+    with the run takes its place. Once that attempt completed a step, a new spare starts in the
+    freed bundle, and it takes over rank 1 again at a SIGKILL later on."""
+    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="native_hang"),
+                                  rr.Fault(step=10, rank=1, kind="sigkill")])
+    result = workload.fit(token_data_dir, str(tmp_path), "native", max_steps=STEPS, sleep_s=0.3,
                           resilience=_resilience(plan, num_spares=1))
     assert result.ok, result.error
-    assert [(f["cause"], f["respawned"]) for f in result.faults] == [("hang", [1])]
-    recovery = result.goodput.faults[0]
-    assert recovery.recovery_s is not None
-    # The spare was up before the fault: its process is older than the fault.
-    assert result.return_values[1]["started_at"] < result.faults[0]["t_fault"]
+    assert [(f["cause"], f["respawned"]) for f in result.faults] == [("hang", [1]), ("actor_died", [1])]
+    assert all(f.recovery_s is not None for f in result.goodput.faults)
+    hang, kill = (f["t_fault"] for f in result.faults)
+    # Rank 1 ends on the replenished spare: started after the hang, before the kill.
+    assert hang < result.return_values[1]["started_at"] < kill, (hang, result.return_values[1], kill)
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 

@@ -33,6 +33,10 @@ from ray_resilience._internal.run_record import RunRecord
 from ray_resilience._internal.state import FaultEvent, RunState
 from ray_resilience._internal.worker_group import WorkerGroup
 
+SPARE_REPLENISH_MAX_DELAY_S = 10.0
+"""Longest a recovery that used warm spares holds back their replacements (see
+`Supervisor._maybe_replenish_spares`)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -210,11 +214,24 @@ class Supervisor:
 
     def _on_running(self) -> None:
         self._poll_commits()
+        self._maybe_replenish_spares()
         fault = detection.poll(self)
         if fault is not None:
             self._on_fault(fault)
         elif not self.futures:
             self._set_state(RunState.FINISHED)
+
+    def _maybe_replenish_spares(self) -> None:
+        """New spares for those a recovery used, once its attempt completed a step (their
+        start-up would take CPU from the recovery) or SPARE_REPLENISH_MAX_DELAY_S after it
+        started, whichever comes first."""
+        group = self.group
+        if group is None or not group.spares_pending:
+            return
+        launched = self.record.launched_at.get(self.attempt, 0.0)
+        if self.record.reached_by_attempt.get(self.attempt) is not None \
+                or time.time() - launched >= SPARE_REPLENISH_MAX_DELAY_S:
+            group.replenish_spares()
 
     def _poll_commits(self, *, force: bool = False) -> None:
         """Notes newly committed checkpoints in the timeline (a cheap call, at most 4 per second)."""
