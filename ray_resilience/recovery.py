@@ -203,7 +203,9 @@ class InJobConfig:
     max_attempts_without_progress: int = 3
     """Stop when this many respawns in a row complete no new step (a rank that dies every time)."""
     num_spares: int = 0
-    """Warm spare actors started ahead of time, so a replacement skips process start-up."""
+    """Warm spare actors started ahead of time, so a replacement skips process start-up (a
+    used spare is replaced once the recovery has completed a step; it is warm 4-5 s later on a
+    small CPU node). Size it to the faults expected within that time."""
     heartbeat_timeout_s: float = 10.0
     """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0
