@@ -231,7 +231,7 @@ class Supervisor:
         launched = self.record.launched_at.get(self.attempt, 0.0)
         if self.record.reached_by_attempt.get(self.attempt) is not None \
                 or time.time() - launched >= SPARE_REPLENISH_MAX_DELAY_S:
-            group.replenish_spares()
+            group.replenish_spares(self.excluded_nodes)
 
     def _poll_commits(self, *, force: bool = False) -> None:
         """Notes newly committed checkpoints in the timeline (a cheap call, at most 4 per second)."""

@@ -34,7 +34,6 @@ class WorkerGroup:
         """Warm spare actors: (actor, bundle, pending info() ref)."""
         self._spare_bundles: list[Bundle] = []
         """Bundles spares left by taking over ranks, until `replenish_spares` fills them."""
-        self._excluded_spare_nodes: set[str] = set()
         self._reserved: list[Bundle] = []
 
     @property
@@ -71,21 +70,18 @@ class WorkerGroup:
         """Whether spares used by a recovery still wait to be replaced (`replenish_spares`)."""
         return bool(self._spare_bundles)
 
-    def replenish_spares(self) -> int:
-        """Starts a spare in each bundle a spare left when it took over a rank; returns how many.
+    def replenish_spares(self, exclude: set[str]) -> None:
+        """Starts a spare in each bundle a spare left when it took over a rank (none on a node
+        in `exclude`).
 
         Called by the supervisor once the recovery that used them has a completed step: a new
         spare spends its first seconds importing torch, and on a small node that CPU would be
         taken from the recovery itself (measured here: the memory-tier load of a respawn took
         0.5-0.9 s with a spare starting alongside, 0.25-0.3 s without)."""
-        started = 0
-        while self._spare_bundles:
-            bundle = self._spare_bundles.pop(0)
-            if self.bundles.node_of(bundle) in self._excluded_spare_nodes:
-                continue
-            self._add_spare(bundle)
-            started += 1
-        return started
+        bundles, self._spare_bundles = self._spare_bundles, []
+        for bundle in bundles:
+            if self.bundles.node_of(bundle) not in exclude:
+                self._add_spare(bundle)
 
     def _add_spare(self, bundle: Bundle) -> None:
         actor = self._new_actor(bundle)
@@ -164,7 +160,6 @@ class WorkerGroup:
         replaced in time; their not-yet-started actors are killed.
         """
         exclude = exclude or set()
-        self._excluded_spare_nodes = set(exclude)
         unplaced = self._move_off(ranks, exclude, timeout_s)
         refs: dict[Any, int] = {}
         for rank in [r for r in ranks if r not in unplaced]:

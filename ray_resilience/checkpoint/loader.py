@@ -56,7 +56,7 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
     for step_dir in candidates:
         state, loaded, error = _try_step(target, step_dir, holders.get(step_dir))
         if agreement.all_true(loaded is not None):
-            _apply(target, state)
+            _apply(target.model, target.optimizer, state)
             loaded = dataclasses.replace(loaded, fallbacks=tuple(failures))
             logger.info("rank %d: resumed from checkpoint step %d (%s tier)", target.rank,
                         loaded.step, loaded.tier)
@@ -93,19 +93,29 @@ def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any, stat
                         timeout=CALL_TIMEOUT_S)
         if entry is None:
             return None
-        items, _ = capture(target.model, target.optimizer).build_items()
-        if layout_key(items) != layout_key(entry.items):
+        extra = _load_snapshot(target.model, target.optimizer, state, entry.items, entry.boxed[0],
+                               where=f"memory of {step_dir.name}")
+        if extra is None:
             logger.info("rank %d: memory copy of step %d has another shard layout; reading storage",
                         target.rank, step_dir.step)
-            return None
-        payload = ray.get(entry.boxed[0], timeout=CALL_TIMEOUT_S)
-        reader = MemoryShardReader(entry.items, payload, where=f"memory of {step_dir.name}")
-        _dcp_load(state, reader)
-        return decode_extra(payload.extra, path=f"memory of {step_dir.name}")
+        return extra
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - storage remains the fallback
         logger.warning("rank %d: memory tier unusable for step %d (%s); reading storage",
                        target.rank, step_dir.step, _describe(exc))
         return None
+
+
+def _load_snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict,
+                   items: list, payload_ref: Any, *, where: str) -> dict | None:
+    """Loads a rank's snapshot (its save plan's `items`, its `ShardPayload` in the object store)
+    into `state`; returns its extra state, or None when the snapshot's shard layout is not the
+    target's (nothing is read then)."""
+    own, _ = capture(model, optimizer).build_items()
+    if layout_key(own) != layout_key(items):
+        return None
+    payload = ray.get(payload_ref, timeout=CALL_TIMEOUT_S)
+    _dcp_load(state, MemoryShardReader(items, payload, where=where))
+    return decode_extra(payload.extra, path=where)
 
 
 def _from_storage(target: LoadTarget, step_dir: layout.StepDir, state: dict) -> dict:
@@ -130,10 +140,10 @@ def _dcp_load(state: dict, reader: Any) -> None:
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
 
 
-def _apply(target: LoadTarget, state: dict) -> None:
-    set_model_state_dict(target.model, state[MODEL_KEY])
-    if target.optimizer is not None:
-        set_optimizer_state_dict(target.model, target.optimizer, state[OPTIMIZER_KEY])
+def _apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict) -> None:
+    set_model_state_dict(model, state[MODEL_KEY])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
 
 
 def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -152,15 +162,11 @@ def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     source = StateCache().source(model, optimizer)
     buffers = StagingBuffers(source.items, source.tensors)
     buffers.copy_now(source.tensors, list(range(len(source.tensors))))
-    payload = ray.get(ray.put(ShardPayload(buffers.arrays, source.blobs, encode_extra({"step": 0}))))
-    items, _ = capture(model, optimizer).build_items()
-    if layout_key(items) != layout_key(source.items):
-        raise RuntimeError("warm-up: the rebuilt plan differs from the cached one")
+    ref = ray.put(ShardPayload(buffers.arrays, source.blobs, encode_extra({"step": 0})))
     state = state_dict_of(model, optimizer)
-    _dcp_load(state, MemoryShardReader(source.items, payload, where="warm-up"))
-    decode_extra(payload.extra, path="warm-up")
-    _apply(LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=True,  # type: ignore[arg-type]
-                      model=model, optimizer=optimizer), state)
+    if _load_snapshot(model, optimizer, state, source.items, ref, where="warm-up") is None:
+        raise RuntimeError("warm-up: the rebuilt save plan differs from the cached one")
+    _apply(model, optimizer, state)
 
 
 def _describe(exc: BaseException) -> str:
