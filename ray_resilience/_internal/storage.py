@@ -7,6 +7,7 @@ import posixpath
 import uuid
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ray_resilience.errors import ConfigError
@@ -22,7 +23,7 @@ def resolve(storage_path: str, filesystem: pafs.FileSystem | None = None) -> tup
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(storage_path))
     try:
         return pafs.FileSystem.from_uri(storage_path)
-    except (pafs.ArrowInvalid if hasattr(pafs, "ArrowInvalid") else Exception, ValueError) as exc:
+    except (pa.ArrowException, ValueError, OSError) as exc:
         raise ConfigError("RunConfig.storage_path", storage_path,
                           f"pyarrow cannot open it ({exc}); use a local path or "
                           "s3://bucket/prefix[?endpoint_override=host:port&scheme=http].") from exc
@@ -46,7 +47,7 @@ def check_writable(fs: pafs.FileSystem, path: str, *, field: str, value: str) ->
         with fs.open_output_stream(probe) as out:
             out.write(b"ok")
         fs.delete_file(probe)
-    except Exception as exc:  # noqa: BLE001 - any storage error means "not writable"
+    except (pa.ArrowException, OSError, ValueError) as exc:  # any storage error: not writable
         raise ConfigError(field, value, f"cannot write to {path!r} ({type(exc).__name__}: {exc}); "
                           "give a writable directory or bucket, or fix its permissions.") from exc
 
