@@ -61,6 +61,7 @@ def summarize(preset: str, method: str, interval: int, results: list[dict], base
         "model": preset, "method": method, "interval": interval, "steps": steps,
         "saves": len(results[0]["blocking_s"]), "wall_s": wall,
         "blocking_median_s": pct(blocking, 0.5), "blocking_p99_s": pct(blocking, 0.99),
+        "blocking_cpu_median_s": pct([c for r in results for c in r.get("blocking_cpu_s", [])], 0.5),
         "aws_efficiency_pct": aws, "throughput_efficiency_pct": 100 * baseline_wall / wall,
         "latency_median_s": pct(latency, 0.5), "latency_p99_s": pct(latency, 0.99),
         "held_mb": (sum(r["held_bytes"] for r in results) + extra.get("writer_bytes", 0)) / 1e6,
@@ -159,7 +160,7 @@ def fmt(value: Any, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def print_table(rows: list[dict], header: bool = True) -> None:
-    cols = ("model", "interval", "method", "saves", "block med ms", "block p99 ms", "AWS eff %",
+    cols = ("model", "interval", "method", "saves", "block med ms", "block p99 ms", "of it CPU ms", "AWS eff %",
             "thru eff %", "latency med s", "latency p99 s", "held MB", "skip/coal")
     if header:
         print("  ".join(f"{c:>13}" for c in cols), flush=True)
@@ -167,7 +168,8 @@ def print_table(rows: list[dict], header: bool = True) -> None:
         latency = (r.get("commit_latency_median_s"), r.get("commit_latency_p99_s")) \
             if r["method"].startswith("ours") else (r["latency_median_s"], r["latency_p99_s"])
         cells = (r["model"], r["interval"], r["method"], r["saves"], fmt(r["blocking_median_s"], 1e3),
-                 fmt(r["blocking_p99_s"], 1e3), fmt(r["aws_efficiency_pct"], digits=2),
+                 fmt(r["blocking_p99_s"], 1e3), fmt(r.get("blocking_cpu_median_s"), 1e3, 2),
+                 fmt(r["aws_efficiency_pct"], digits=2),
                  fmt(r["throughput_efficiency_pct"]), fmt(latency[0], digits=2), fmt(latency[1], digits=2),
                  fmt(r["held_mb"], digits=0), f"{r['skipped']}/{r['coalesced']}")
         print("  ".join(f"{str(c):>13}" for c in cells), flush=True)

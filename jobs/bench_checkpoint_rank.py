@@ -140,7 +140,7 @@ class BenchRank:
             os.makedirs(folder, exist_ok=True)
         saver = Ours(self, folder) if method.startswith("ours") else SAVERS.get(method, _Saver)(self, folder)
         dist.barrier()
-        blocking, start = [], time.perf_counter()
+        blocking, blocking_cpu, start = [], [], time.perf_counter()
         for i in range(1, num_steps + 1):
             self._train_step()
             if blocking and method.startswith("ours"):
@@ -148,9 +148,12 @@ class BenchRank:
                 # the copy if it is not done. That wait is blocking of the save before it.
                 blocking[-1] += self.ckpt.take_guard_wait_s()
             if method != "none" and i % interval == 0:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 saver.save(self.step)
                 blocking.append(time.perf_counter() - t0)
+                # CPU the training thread itself spent in the save: the rest of the blocking
+                # time it waited (for the GIL, a lock, or a core another process held).
+                blocking_cpu.append(time.thread_time() - c0)
         wall = time.perf_counter() - start
         saver.finish()
         dist.barrier()
@@ -160,7 +163,8 @@ class BenchRank:
         phases = {k: sorted(v)[len(v) // 2]
                   for k, v in stats.get("phases_s", {}).items() if v}
         guard = stats.get("guard_wait_s", [])
-        return {"phases_median_s": phases, "blocking_s": blocking, "wall_s": wall,
+        return {"phases_median_s": phases, "blocking_s": blocking, "blocking_cpu_s": blocking_cpu,
+                "wall_s": wall,
                 "guard_waits": len(guard), "guard_wait_max_s": max(guard, default=0.0),
                 "latency_s": list(saver.latencies), "held_bytes": saver.held_bytes,
                 "skipped": stats.get("skipped", 0), "coalesced": stats.get("coalesced", 0),

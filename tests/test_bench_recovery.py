@@ -138,7 +138,11 @@ def test_cli_defaults_and_validation(tmp_path) -> None:
     assert (full.max_steps, full.fault_count, full.fault_seed, full.fault_after_step) == (
         200, 5, 42, 10)
     assert "ours-inprocess" in full.mechanisms and "nvrx-ft-launcher" in full.mechanisms
-    for bad in (["--mechanisms", "slurm"], ["--checkpoint_interval", "often"]):
+    assert full.reference_steps == 200  # the reference is as long as the faulty runs
+    long = bench_recovery.parse_args(["--max_steps", "2000", "--reference_steps", "300"])
+    assert (long.max_steps, long.reference_steps) == (2000, 300)
+    for bad in (["--mechanisms", "slurm"], ["--checkpoint_interval", "often"],
+                ["--max_steps", "100", "--reference_steps", "101"]):
         with pytest.raises(SystemExit):
             bench_recovery.parse_args(bad)
 
