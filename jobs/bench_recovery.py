@@ -16,6 +16,8 @@ Prints one table; writes results.json and comparison PNGs to --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import os
 import sys
@@ -32,7 +34,7 @@ from rich.console import Console
 from ray_resilience.examples.llama import PRESETS
 from ray_resilience.examples.token_data import generate_shards
 from ray_resilience.faults import FaultPlan
-from ray_resilience.goodput import compute_goodput
+from ray_resilience.goodput import RunTimeline, compute_goodput
 
 console = Console(width=200)
 
@@ -63,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run_timeout_s", type=float, default=900.0,
                    help="deadline for one run of one mechanism")
     p.add_argument("--out", default=None, help="default results/bench_recovery/<timestamp>/")
+    p.add_argument("--rescore", default=None, metavar="RESULTS_JSON",
+                   help="train nothing: re-score the runs recorded in an earlier results.json "
+                        "with this code's goodput accounting, print the table, rewrite it")
     args = p.parse_args(argv)
     args.max_steps = args.max_steps or (60 if args.quick else 200)
     args.fault_count = args.fault_count if args.fault_count is not None else (
@@ -203,6 +208,7 @@ def bench_mechanism(name: str, base: Workload, args: argparse.Namespace,
             result.faults_fired = len(run.timeline.faults)
         if run.timeline is not None and run.status == "ok":
             result.report = compute_goodput(run.timeline, steady_step_time_s=steady or None)
+            result.report_in_run = compute_goodput(run.timeline, steady_window="run")
         if (run.final_params is not None and ref.final_params is not None
                 and ref_steps == base.max_steps):
             result.params_equal, result.params_max_abs_diff = params_equal(
@@ -211,8 +217,36 @@ def bench_mechanism(name: str, base: Workload, args: argparse.Namespace,
     return rows
 
 
+def rescore(path: str) -> int:
+    """Re-computes every row of an earlier results.json from its recorded timelines."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    references, config, rows = data["references"], data["config"], []
+    fields = {f.name for f in dataclasses.fields(Row)} - {"report", "report_in_run"}
+    for saved in data["rows"]:
+        row = Row(**{k: v for k, v in saved.items() if k in fields})
+        timeline = (saved.get("goodput") or {}).get("timeline")
+        if timeline is not None and row.status == "ok":
+            timeline = RunTimeline.from_dict(timeline)
+            steady = references.get(row.mechanism, {}).get("steady_step_time_s")
+            row.report = compute_goodput(timeline, steady_step_time_s=steady or None)
+            row.report_in_run = compute_goodput(timeline, steady_window="run")
+        rows.append(row)
+    plan = config.get("plan", {}).get("faults", [])
+    title = (f"recovery benchmark (re-scored {path}): {config.get('model')}, "
+             f"{config.get('world_size')} ranks, {config.get('max_steps')} steps, {len(plan)} faults")
+    print_table(rows, title, console, references)
+    out = os.path.dirname(os.path.abspath(path))
+    console.log(f"wrote {write_results(out, config, rows, references)}")
+    for plot in write_plots(out, rows):
+        console.log(f"wrote {plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rescore:
+        return rescore(args.rescore)
     os.makedirs(args.out, exist_ok=True)
     cfg = PRESETS[args.model]
     data_dir = os.path.join(args.out, "data")

@@ -4,8 +4,9 @@ The supervisor records a `RunTimeline`; `compute_goodput` turns it into a `Goodp
 
 - training goodput = (final_step - start_step) x steady step time / wall time. The steady step
   time is the fault-free compute time per step (checkpoint blocking excluded): the median over
-  step intervals before the first fault, or `steady_step_time_s` measured by a fault-free
-  reference run. Setup, checkpoint blocking, detection, recovery and redone steps all count as
+  step intervals before the first fault, or over every fault-free interval of the run
+  (`steady_window="run"`: robust when the machine's speed drifts during a long run), or
+  `steady_step_time_s` measured by a fault-free reference run. Setup, checkpoint blocking, detection, recovery and redone steps all count as
   lost, whatever the mechanism.
 - infra goodput = share of wall time in which the full world size was training: the summed
   length of intervals from one completed step to the next completed step, both at full world
@@ -36,6 +37,7 @@ from ray_resilience._internal.run_timeline import FaultEvent, RunTimeline
 __all__ = ["FaultRecovery", "GoodputReport", "RunTimeline", "compute_goodput"]
 
 logger = logging.getLogger(__name__)
+STEADY_WINDOWS = ("before_first_fault", "run")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,16 +125,20 @@ class GoodputReport:
 
 
 def compute_goodput(
-    timeline: RunTimeline, *, steady_step_time_s: float | None = None
+    timeline: RunTimeline, *, steady_step_time_s: float | None = None,
+    steady_window: str = "before_first_fault",
 ) -> GoodputReport:
     """Compute the report. Works on a finished run and, for live dashboards, on one in progress
     (the report keeps a snapshot of the timeline, so later events do not change it).
 
     `steady_step_time_s`: fault-free step time from a reference run; by default it is measured
-    in this run before the first fault.
+    in this run: the median step before the first fault (`steady_window="before_first_fault"`)
+    or over every step interval of the run that spans no fault (`steady_window="run"`).
     """
     if timeline.t_start is None:
         raise ValueError("timeline has no run_started event; nothing to compute.")
+    if steady_window not in STEADY_WINDOWS:
+        raise ValueError(f"steady_window={steady_window!r} is invalid; use one of {STEADY_WINDOWS}.")
     timeline = timeline.snapshot()  # the supervisor may keep recording while this runs
     if steady_step_time_s is not None and not steady_step_time_s > 0:
         raise ValueError(
@@ -143,7 +149,10 @@ def compute_goodput(
     wall = t_end - timeline.t_start
     intervals = gm.step_intervals(timeline)
     fault_ts = gm.fault_times(timeline)
-    steady, source = _steady(intervals, fault_ts, steady_step_time_s)
+    steady, source = _steady(intervals, [] if steady_window == "run" else fault_ts,
+                             steady_step_time_s)
+    if steady_window == "run" and source == "before_first_fault":
+        source = "fault_free_intervals"
     ordered = sorted(timeline.faults.values(), key=lambda f: f.t_fault)
     faults = tuple(_recovery(f, timeline) for f in ordered)
     recoveries = [f.recovery_s for f in faults if f.recovery_s is not None]

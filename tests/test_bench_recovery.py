@@ -180,6 +180,16 @@ def test_table_results_json_and_speedups_against_ray_train(tmp_path) -> None:
     assert [r["status"] for r in data["rows"]] == ["ok", "ok", "unavailable"]
     assert data["rows"][1]["recovery_p50_speedup_vs_ray_train"] == pytest.approx(1.0)
     assert data["rows"][1]["goodput"]["timeline"]["final_step"] == 20
+    # --rescore: the recorded timelines are scored again (also with the in-run steady time).
+    assert bench_recovery.main(["--rescore", str(tmp_path / "results.json")]) == 0
+    with open(tmp_path / "results.json", encoding="utf-8") as f:
+        again = json.load(f)
+    assert [r["status"] for r in again["rows"]] == ["ok", "ok", "unavailable"]
+    assert again["rows"][1]["goodput"]["training_goodput"] == pytest.approx(
+        data["rows"][1]["goodput"]["training_goodput"])
+    assert again["rows"][1]["goodput_in_run_steady"]["steady_step_time_source"] in (
+        "fault_free_intervals", "before_first_fault")
+    assert again["rows"][2]["goodput_in_run_steady"] is None
 
 
 def test_torchft_detection_is_the_first_quorum_change() -> None:

@@ -95,6 +95,31 @@ def test_known_rollback_gives_known_loss():
     assert report.aws_training_goodput == pytest.approx(107.0 / 114.0)
 
 
+def test_steady_window_run_uses_every_fault_free_interval():
+    """A machine that slows down after the fault: the whole-run median sees it, the
+    before-first-fault median does not; the interval spanning the fault is never counted."""
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    for step in range(1, 11):  # 1 s steps before the fault
+        timeline.step_completed(step, float(step), 2)
+    timeline.fault_detected(FID, t_fault=10.5, t_detect=10.6, step_at_fault=11, rank=1,
+                            cause="exception", kind="exception")
+    t = 20.0  # recovered from step 10 at t=20 (a 10 s gap that must not count as a step)
+    for step in range(11, 41):  # 2 s steps after it
+        t += 2.0
+        timeline.step_completed(step, t, 2)
+    timeline.recovery_done(FID, 22.0, 10)
+    timeline.run_finished(t, 40)
+    early = compute_goodput(timeline)
+    assert (early.steady_step_time_s, early.steady_step_time_source) == (1.0, "before_first_fault")
+    whole = compute_goodput(timeline, steady_window="run")
+    assert whole.steady_step_time_s == pytest.approx(2.0)  # 9 intervals of 1 s, 29 of 2 s
+    assert whole.steady_step_time_source == "fault_free_intervals"
+    assert whole.training_goodput == pytest.approx(40 * 2.0 / t)
+    with pytest.raises(ValueError, match="steady_window"):
+        compute_goodput(timeline, steady_window="after")
+
+
 def test_reduced_world_size_lowers_infra_goodput_only_for_that_period():
     timeline = RunTimeline()
     timeline.run_started(0.0, 4)

@@ -33,6 +33,9 @@ class Row:
     status: str
     error: str | None = None
     report: GoodputReport | None = None
+    report_in_run: GoodputReport | None = None
+    """The same run scored with the steady step time of its own fault-free intervals (robust
+    when the machine's speed drifts between the reference run and this one)."""
     params_equal: bool | None = None
     """Final parameters bit-equal to the same mechanism's fault-free run (None: not compared)."""
     params_max_abs_diff: float | None = None
@@ -74,8 +77,8 @@ def _params(row: Row) -> str:
 def table(rows: Sequence[Row], title: str) -> Table:
     """The one table the benchmark prints."""
     out = Table(title=title, title_justify="left")
-    for header in ("mechanism", "ckpt every", "status", "faults", "training goodput",
-                   "infra goodput",
+    for header in ("mechanism", "ckpt every", "status", "faults", "wall", "training goodput",
+                   "(in-run steady)", "infra goodput",
                    "recovery p50", "recovery max", "steps redone", "p50 vs Ray Train",
                    "final params"):
         out.add_column(header, justify="left" if header == "mechanism" else "right")
@@ -87,12 +90,13 @@ def table(rows: Sequence[Row], title: str) -> Table:
         report = row.report
         if row.status != "ok" or report is None:
             out.add_row(row.mechanism, every, f"[yellow]{row.status}[/] (see below)",
-                        *["-"] * 7, _params(row))
+                        *["-"] * 9, _params(row))
             continue
         ratio = ratios.get((row.mechanism, row.label))
         out.add_row(
             row.mechanism, every, "ok", f"{row.faults_fired}/{row.faults_planned}",
-            _pct(report.training_goodput),
+            f"{report.wall_s:.0f} s", _pct(report.training_goodput),
+            _pct(row.report_in_run.training_goodput if row.report_in_run else None),
             _pct(report.infra_goodput),
             _sec(report.recovery_p50_s), _sec(report.recovery_max_s),
             str(report.steps_redone_total), "-" if ratio is None else f"{ratio:.1f}x faster",
@@ -117,9 +121,11 @@ def print_table(rows: Sequence[Row], title: str, console: Console | None = None,
 
 
 def row_dict(row: Row, ratio: float | None) -> dict[str, Any]:
-    data = {f.name: getattr(row, f.name) for f in dataclasses.fields(row) if f.name != "report"}
+    data = {f.name: getattr(row, f.name) for f in dataclasses.fields(row)
+            if f.name not in ("report", "report_in_run")}
     data["recovery_p50_speedup_vs_ray_train"] = ratio
     data["goodput"] = None if row.report is None else row.report.to_dict(include_timeline=True)
+    data["goodput_in_run_steady"] = None if row.report_in_run is None else row.report_in_run.to_dict()
     return data
 
 
