@@ -203,12 +203,9 @@ class InJobConfig:
     max_attempts_without_progress: int = 3
     """Stop when this many respawns in a row complete no new step (a rank that dies every time)."""
     num_spares: int = 0
-    """Warm spare actors started ahead of time, so a replacement skips process start-up. Their
-    bundles are reserved with the ranks'; the actors start once the run's first step completed
-    (or 10 s after its launch), and a used spare is replaced once the recovery has completed a
-    step: starting alongside, their torch import would take CPU from the ranks. A spare is warm
-    4-5 s after it starts on a small CPU node (a fault sooner waits for it, still ahead of a
-    new actor). Size it to the faults expected within that time."""
+    """Warm spare actors started ahead of time, so a replacement skips process start-up (a
+    used spare is replaced once the recovery has completed a step; it is warm 4-5 s later on a
+    small CPU node). Size it to the faults expected within that time."""
     heartbeat_timeout_s: float = 10.0
     """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0

@@ -41,8 +41,8 @@ def test_killed_ranks_are_replaced(clean, token_data_dir, tmp_path):
 
 @pytest.mark.timeout(240)
 def test_native_hang_escalates_to_respawn_onto_a_warm_spare(clean, token_data_dir, tmp_path):
-    """A rank hung outside Python cannot be interrupted: it is killed and the warm spare (started
-    once the run's first step completed) takes its place. Once that attempt completed a step, a new spare starts in the
+    """A rank hung outside Python cannot be interrupted: it is killed and the warm spare started
+    with the run takes its place. Once that attempt completed a step, a new spare starts in the
     freed bundle, and it takes over rank 1 again at a SIGKILL later on."""
     plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="native_hang"),
                                   rr.Fault(step=10, rank=1, kind="sigkill")])

@@ -222,10 +222,9 @@ class Supervisor:
             self._set_state(RunState.FINISHED)
 
     def _maybe_replenish_spares(self) -> None:
-        """Spare actors for the run's spare bundles, and new spares for those a recovery used,
-        once the current attempt completed a step (their start-up would take CPU from the ranks'
-        start or from the recovery) or SPARE_REPLENISH_MAX_DELAY_S after it started, whichever
-        comes first."""
+        """New spares for those a recovery used, once its attempt completed a step (their
+        start-up would take CPU from the recovery) or SPARE_REPLENISH_MAX_DELAY_S after it
+        started, whichever comes first."""
         group = self.group
         if group is None or not group.spares_pending:
             return

@@ -54,30 +54,27 @@ class WorkerGroup:
         return [self.bundles.node_of(b) for b in self._reserved[:self.world_size]]
 
     def spawn(self) -> None:
-        """One actor per rank in the reserved bundles; returns once every rank answered (their
-        imports continue in `prewarm`). The warm spares' bundles are reserved but their actors
-        start later, with `replenish_spares`: started alongside the ranks, each spare's torch
-        import took CPU from the ranks' own start (measured here: 18 s to the first step with
-        one spare, 10 s without)."""
+        """One actor per rank (and the warm spares) in the reserved bundles; returns once every
+        rank answered (their imports continue in `prewarm`)."""
         world = self.world_size
         self.bundle_of = list(self._reserved[:world])
         self.actors = [self._new_actor(b) for b in self.bundle_of]
         for actor in self.actors:  # imports done before any attempt can be interrupted
             actor.prewarm.remote()
-        self._spare_bundles = list(self._reserved[world:])
+        for bundle in self._reserved[world:]:
+            self._add_spare(bundle)
         self.info = ray.get([a.info.remote() for a in self.actors], timeout=120)
 
     @property
     def spares_pending(self) -> bool:
-        """Whether spare bundles wait for their actors (`replenish_spares`): the run's first
-        spares, and those that replace spares a recovery used."""
+        """Whether spares used by a recovery still wait to be replaced (`replenish_spares`)."""
         return bool(self._spare_bundles)
 
     def replenish_spares(self, exclude: set[str]) -> None:
-        """Starts a spare in each bundle waiting for one (none on a node in `exclude`): the
-        run's first spares, and the bundles spares left when they took over ranks.
+        """Starts a spare in each bundle a spare left when it took over a rank (none on a node
+        in `exclude`).
 
-        Called by the supervisor once the attempt has a completed step: a new
+        Called by the supervisor once the recovery that used them has a completed step: a new
         spare spends its first seconds importing torch, and on a small node that CPU would be
         taken from the recovery itself (measured here: the memory-tier load of a respawn took
         0.5-0.9 s with a spare starting alongside, 0.25-0.3 s without)."""
