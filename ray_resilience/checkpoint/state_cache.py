@@ -69,6 +69,8 @@ class _Entry:
     getters: list[tuple[int, str] | None] | None
     """Per byte item: (group index, setting) to re-read, or None for a constant; None: no fast path."""
     constant_blobs: list[bytes]
+    byte_fqns: list[str]
+    """The byte items' names, in plan order (the fast path re-serializes these)."""
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -122,14 +124,13 @@ class StateCache:
         if entry is None or entry.getters is None or entry.fingerprint != fp:
             self._entry, blobs = self._build(model, optimizer, fp, pinned)
             return self._source(self._entry, blobs)
-        blobs, constants = [], iter(entry.constant_blobs)
-        byte_items = [i for i in entry.plan.items if not is_tensor_item(i)]
-        for item, getter in zip(byte_items, entry.getters, strict=True):
+        blobs, constants, cache = [], iter(entry.constant_blobs), self._blob_cache
+        groups = optimizer.param_groups if optimizer is not None else ()
+        for fqn, getter in zip(entry.byte_fqns, entry.getters, strict=True):
             if getter is None:
                 blobs.append(next(constants))
             else:
-                value = optimizer.param_groups[getter[0]][getter[1]]
-                blobs.append(serialize_item(item.index.fqn, value, self._blob_cache))
+                blobs.append(serialize_item(fqn, groups[getter[0]][getter[1]], cache))
         return self._source(entry, blobs)
 
     @staticmethod
@@ -151,8 +152,9 @@ class StateCache:
         holders = [_holder(t, stepped, others) for t in tensors]
         overlap = [i for i, t in enumerate(tensors) if _storage(t) in stepped]
         getters, constants = _byte_getters(state, plan.items, optimizer, blobs)
+        byte_fqns = [i.index.fqn for i in plan.items if not is_tensor_item(i)]
         entry = _Entry(fp, pinned, plan, tensors, [i.index.fqn for i in tensor_items], holders,
-                       overlap, getters, constants)
+                       overlap, getters, constants, byte_fqns)
         return entry, blobs
 
 
