@@ -207,14 +207,20 @@ def bench_mechanism(name: str, base: Workload, args: argparse.Namespace,
         if run.timeline is not None:
             result.faults_fired = len(run.timeline.faults)
         if run.timeline is not None and run.status == "ok":
-            result.report = compute_goodput(run.timeline, steady_step_time_s=steady or None)
-            result.report_in_run = compute_goodput(run.timeline, steady_window="run")
+            _score(result, run.timeline, steady)
         if (run.final_params is not None and ref.final_params is not None
                 and ref_steps == base.max_steps):
             result.params_equal, result.params_max_abs_diff = params_equal(
                 run.final_params, ref.final_params)
         rows.append(result)
     return rows
+
+
+def _score(row: Row, timeline: Any, steady_s: float | None) -> None:
+    """The row's goodput against its mechanism's reference step time, and against the steady
+    step time of the run's own fault-free intervals."""
+    row.report = compute_goodput(timeline, steady_step_time_s=steady_s or None)
+    row.report_in_run = compute_goodput(timeline, steady_window="run")
 
 
 def rescore(path: str) -> int:
@@ -227,10 +233,8 @@ def rescore(path: str) -> int:
         row = Row(**{k: v for k, v in saved.items() if k in fields})
         timeline = (saved.get("goodput") or {}).get("timeline")
         if timeline is not None and row.status == "ok":
-            timeline = RunTimeline.from_dict(timeline)
-            steady = references.get(row.mechanism, {}).get("steady_step_time_s")
-            row.report = compute_goodput(timeline, steady_step_time_s=steady or None)
-            row.report_in_run = compute_goodput(timeline, steady_window="run")
+            _score(row, RunTimeline.from_dict(timeline),
+                   references.get(row.mechanism, {}).get("steady_step_time_s"))
         rows.append(row)
     plan = config.get("plan", {}).get("faults", [])
     title = (f"recovery benchmark (re-scored {path}): {config.get('model')}, "

@@ -6,8 +6,8 @@ The supervisor records a `RunTimeline`; `compute_goodput` turns it into a `Goodp
   time is the fault-free compute time per step (checkpoint blocking excluded): the median over
   step intervals before the first fault, or over every fault-free interval of the run
   (`steady_window="run"`: robust when the machine's speed drifts during a long run), or
-  `steady_step_time_s` measured by a fault-free reference run. Setup, checkpoint blocking, detection, recovery and redone steps all count as
-  lost, whatever the mechanism.
+  `steady_step_time_s` measured by a fault-free reference run. Setup, checkpoint blocking,
+  detection, recovery and redone steps all count as lost, whatever the mechanism.
 - infra goodput = share of wall time in which the full world size was training: the summed
   length of intervals from one completed step to the next completed step, both at full world
   size, with no fault in between. Redone steps count (the hardware was training); setup, the
@@ -149,10 +149,7 @@ def compute_goodput(
     wall = t_end - timeline.t_start
     intervals = gm.step_intervals(timeline)
     fault_ts = gm.fault_times(timeline)
-    steady, source = _steady(intervals, [] if steady_window == "run" else fault_ts,
-                             steady_step_time_s)
-    if steady_window == "run" and source == "before_first_fault":
-        source = "fault_free_intervals"
+    steady, source = _steady(intervals, fault_ts, steady_step_time_s, steady_window)
     ordered = sorted(timeline.faults.values(), key=lambda f: f.t_fault)
     faults = tuple(_recovery(f, timeline) for f in ordered)
     recoveries = [f.recovery_s for f in faults if f.recovery_s is not None]
@@ -176,12 +173,13 @@ def compute_goodput(
 
 
 def _steady(
-    intervals: list[gm.StepInterval], fault_ts: list[float], given: float | None
+    intervals: list[gm.StepInterval], fault_ts: list[float], given: float | None, window: str
 ) -> tuple[float | None, str]:
     if given is not None:
         return given, "given"
     first_fault = fault_ts[0] if fault_ts else None
-    if any(first_fault is None or i.end.t <= first_fault for i in intervals):
+    if window == "before_first_fault" and any(
+            first_fault is None or i.end.t <= first_fault for i in intervals):
         return gm.steady_step_time(intervals, first_fault), "before_first_fault"
     if intervals:
         return gm.steady_step_time(intervals, None), "fault_free_intervals"
