@@ -6,12 +6,14 @@ import contextlib
 import os
 import subprocess
 import tempfile
+import threading
 
 import pytest
 
 from ray_resilience.checkpoint import layout
 from ray_resilience.checkpoint.commit import (
     Manifest, commit_step, committed_steps, prune, read_manifest)
+from ray_resilience.checkpoint.commit_queue import CommitQueue
 from ray_resilience.checkpoint.errors import (
     CheckpointCorruptError, StorageFullError, StoragePermissionError, StorageUnavailableError,
     UnsafeCheckpointError)
@@ -149,3 +151,54 @@ def test_read_only_storage_is_a_permission_error_naming_the_path():
         with pytest.raises(StoragePermissionError) as info:
             storage.check_writable()
         assert root in str(info.value) and "permissions" in str(info.value)
+
+
+def test_commit_queue_commits_steps_in_the_order_they_became_complete():
+    """The CI race: step 2 completes first but its thread is slow to commit; the thread that
+    completed step 4 drains first and must commit 2, then 4 (step 2 used to be skipped)."""
+    queue, order = CommitQueue(), []
+    assert not queue.arrive(NEW, 2, 0, 2, b"r0s2")
+    assert queue.arrive(NEW, 2, 1, 2, b"r1s2")  # complete: its thread has not drained yet
+    assert not queue.arrive(NEW, 4, 1, 2, b"r1s4")
+    assert queue.pending() == {f"{NEW}:2": "queued", f"{NEW}:4": [1]}
+    assert queue.arrive(NEW, 4, 0, 2, b"r0s4")
+    queue.drain(lambda key, shards: order.append((key, shards)))
+    assert order == [((NEW, 2), {0: b"r0s2", 1: b"r1s2"}), ((NEW, 4), {1: b"r1s4", 0: b"r0s4"})]
+    queue.drain(lambda key, shards: order.append(key))  # the late thread of step 2: nothing left
+    assert len(order) == 2 and queue.pending() == {}
+
+
+def test_commit_queue_steps_completed_during_a_commit_follow_it():
+    queue, order = CommitQueue(), []
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_commit(key, shards):
+        order.append(key[1])
+        if key[1] == 2:
+            entered.set()
+            assert release.wait(10)
+
+    queue.arrive(NEW, 2, 0, 1, b"a")
+    first = threading.Thread(target=queue.drain, args=(slow_commit,))
+    first.start()
+    assert entered.wait(10)
+    assert queue.pending() == {f"{NEW}:2": "committing"}
+    assert queue.arrive(NEW, 4, 0, 1, b"b") and queue.arrive(NEW, 6, 0, 1, b"c")
+    second = threading.Thread(target=queue.drain, args=(slow_commit,))
+    second.start()  # waits for the commit lock
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert order == [2, 4, 6]
+
+
+def test_commit_queue_new_session_drops_older_reports_not_yet_committing():
+    queue = CommitQueue()
+    queue.arrive(OLD, 3, 0, 2, b"x")
+    queue.arrive(OLD, 5, 0, 1, b"y")  # complete, queued
+    queue.arrive(NEW, 3, 1, 2, b"z")
+    queue.keep_only(NEW)
+    assert queue.pending() == {f"{NEW}:3": [1]}
+    committed = []
+    queue.drain(lambda key, shards: committed.append(key))
+    assert committed == []

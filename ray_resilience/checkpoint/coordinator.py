@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from ray_resilience.checkpoint import commit, layout
+from ray_resilience.checkpoint.commit_queue import CommitQueue
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.rounds import RoundResult, RoundTable
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
@@ -36,11 +37,9 @@ class CommitCoordinator:
     def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig) -> None:
         self.storage, self.config = storage, config
         self._lock = threading.RLock()
-        self._commit_lock = threading.Lock()
-        self._committing: set[tuple[str, int]] = set()
         self._session: str | None = None
         self._world_size: int | None = None
-        self._reports: dict[tuple[str, int], dict[int, ShardReport]] = {}
+        self._queue = CommitQueue()
         self._failed: dict[tuple[str, int], dict[int, str]] = {}
         self._committed = commit.committed_steps(storage)
         self._holders: dict[layout.StepDir, dict[int, str]] = {}
@@ -77,7 +76,7 @@ class CommitCoordinator:
         layout.check_session(session)
         with self._lock:
             self._session, self._world_size = session, world_size
-            self._reports = {k: v for k, v in self._reports.items() if k[0] == session}
+        self._queue.keep_only(session)
         with self._round_cond:
             self._rounds.begin(session, world_size)
             self._round_cond.notify_all()
@@ -115,25 +114,21 @@ class CommitCoordinator:
                 return result
             self._round_cond.wait(left)
 
-    def shard_durable(self, message: bytes) -> None:
-        """A writer's `ShardReport` (pickled: it holds DCP types, see `warm_import`)."""
-        report: ShardReport = self._warm.loads(message)
-        key = (report.session, report.step)
+    def shard_durable(self, session: str, step: int, rank: int, world_size: int, message: bytes) -> None:
+        """A writer's `ShardReport` of `rank`'s shard of `step`, pickled (it holds DCP types, see
+        `warm_import`) behind a plain header, so it is registered before anything waits and
+        steps commit in the order they became complete (see `commit_queue`)."""
         with self._lock:
-            if report.session != self._session:
+            if session != self._session:
                 self._counts["stale_reports"] += 1
                 return
-            shards = self._reports.setdefault(key, {})
-            shards[report.rank] = report
-            if len(shards) < report.world_size:
-                return
-            del self._reports[key]
-            self._committing.add(key)
-        try:
-            self._commit(layout.StepDir(report.step, report.session), shards)
-        finally:
-            with self._lock:
-                self._committing.discard(key)
+        if self._queue.arrive(session, step, rank, world_size, message):
+            self._queue.drain(self._commit_reports)
+
+    def _commit_reports(self, key: tuple[str, int], messages: dict[int, bytes]) -> None:
+        session, step = key
+        shards: dict[int, ShardReport] = {rank: self._warm.loads(m) for rank, m in messages.items()}
+        self._commit(layout.StepDir(step, session), shards)
 
     def shard_failed(self, session: str, step: int, rank: int, error: str) -> None:
         with self._lock:
@@ -143,34 +138,35 @@ class CommitCoordinator:
                 self._failed.pop(next(iter(self._failed)))
 
     def _commit(self, step_dir: layout.StepDir, shards: dict[int, ShardReport]) -> None:
-        with self._commit_lock:
-            with self._lock:
-                newest = self._committed[0] if self._committed else None
-                current = self._session
-            if step_dir.session != current or (newest is not None and newest.step >= step_dir.step
-                                               and newest.session == current):
-                return  # a new attempt began, or an older step finished after a newer commit
-            self._warm.wait()
-            from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
+        """Called by `CommitQueue.drain` only: one commit at a time, in completion order."""
+        with self._lock:
+            newest = self._committed[0] if self._committed else None
+            current = self._session
+        if step_dir.session != current or (newest is not None and newest.step >= step_dir.step
+                                           and newest.session == current):
+            self._counts["not_committed_superseded"] += 1
+            return  # a new attempt began, or an older step finished after a newer commit
+        self._warm.wait()
+        from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
 
-            ordered = [shards[r] for r in sorted(shards)]
-            metadata = dumps_metadata(build_metadata(
-                [(r.written_items, r.storage_infos) for r in ordered],
-                planner_data=ordered[0].planner_data, checkpoint_id=self.storage.display(step_dir.name),
-                save_id=step_dir.name))
-            files = {name: digest for r in ordered for name, digest in r.files.items()}
-            try:
-                retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
-                                                    metadata=metadata, files=files),
-                         what=f"committing step {step_dir.step}",
-                         num_retries=self.config.num_storage_retries,
-                         backoff_s=self.config.storage_retry_backoff_s,
-                         max_backoff_s=self.config.storage_retry_max_backoff_s)
-            except Exception as exc:  # noqa: BLE001 - the step stays uncommitted; training goes on
-                logger.warning("checkpoint step %d was not committed: %s", step_dir.step, exc)
-                self._counts["commit_failures"] += 1
-                return
-            self._on_committed(step_dir, ordered)
+        ordered = [shards[r] for r in sorted(shards)]
+        metadata = dumps_metadata(build_metadata(
+            [(r.written_items, r.storage_infos) for r in ordered],
+            planner_data=ordered[0].planner_data, checkpoint_id=self.storage.display(step_dir.name),
+            save_id=step_dir.name))
+        files = {name: digest for r in ordered for name, digest in r.files.items()}
+        try:
+            retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
+                                                metadata=metadata, files=files),
+                     what=f"committing step {step_dir.step}",
+                     num_retries=self.config.num_storage_retries,
+                     backoff_s=self.config.storage_retry_backoff_s,
+                     max_backoff_s=self.config.storage_retry_max_backoff_s)
+        except Exception as exc:  # noqa: BLE001 - the step stays uncommitted; training goes on
+            logger.warning("checkpoint step %d was not committed: %s", step_dir.step, exc)
+            self._counts["commit_failures"] += 1
+            return
+        self._on_committed(step_dir, ordered)
 
     def _on_committed(self, step_dir: layout.StepDir, shards: list[ShardReport]) -> None:
         now = time.time()
@@ -212,8 +208,7 @@ class CommitCoordinator:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            pending = {f"{s}:{step}": sorted(r) for (s, step), r in self._reports.items()}
-            pending.update({f"{s}:{step}": "committing" for s, step in self._committing})
+            pending = self._queue.pending()
             with self._round_cond:
                 open_rounds = self._rounds.open_rounds()
             return {

@@ -109,7 +109,8 @@ class CheckpointWriter:
             writer_id=self.writer_id, files=files, written_items=written, storage_infos=infos,
             planner_data=ticket.planner_data, staged_at=ticket.staged_at, durable_at=time.time(),
             nbytes=shard.nbytes)
-        self._coordinator.shard_durable.remote(dumps(report))
+        self._coordinator.shard_durable.remote(ticket.session, ticket.step, ticket.rank, ticket.world_size,
+                                               dumps(report))
         self._finish(key, ShardOutcome(ticket.session, ticket.step, True, write_s=time.time() - start))
 
     def _on_retry(self, err: CheckpointStorageError, delay_s: float) -> None:

@@ -1,0 +1,81 @@
+"""Durable-shard reports in, steps committed in the order they became complete.
+
+Writers report each durable shard to the commit coordinator, a threaded actor. A report carries
+DCP types, so it is unpickled only once the coordinator's background import of DCP is done
+(`warm_import`). Registering reports only after that made the first commits of a run race: the
+reports of two steps (say 2 and 4, saved a second apart while the import still ran) waited
+together and were released together, the commit of step 4 could go first, and step 2, complete
+and durable, was then skipped as older than the newest commit (seen in CI: a run kept one
+checkpoint where it should have kept two).
+
+So a report is registered the moment it arrives, from a plain header (session, step, rank,
+world size), before anything waits. The step whose last shard arrives joins a FIFO of complete
+steps; whichever thread holds the commit lock commits them from the head, one at a time, so the
+order of commits is the order in which steps became complete.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+
+Key = tuple[str, int]
+"""(session, step)."""
+
+
+class CommitQueue:
+    """Bookkeeping of arrived shards and the FIFO of complete steps; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+        self._arrived: dict[Key, dict[int, bytes]] = {}
+        self._complete: collections.deque[tuple[Key, dict[int, bytes]]] = collections.deque()
+        self._committing: Key | None = None
+
+    def arrive(self, session: str, step: int, rank: int, world_size: int, message: bytes) -> bool:
+        """Registers rank `rank`'s durable shard of `step`; True when that completed the step
+        (it is then queued for `drain`)."""
+        key = (session, step)
+        with self._lock:
+            shards = self._arrived.setdefault(key, {})
+            shards[rank] = message
+            if len(shards) < world_size:
+                return False
+            del self._arrived[key]
+            self._complete.append((key, shards))
+            return True
+
+    def drain(self, commit: Callable[[Key, dict[int, bytes]], None]) -> None:
+        """Commits queued steps from the head until none is left. A thread that finds another
+        draining waits for the lock, then usually finds the queue empty: its step was committed
+        in order by the other."""
+        with self._commit_lock:
+            while True:
+                with self._lock:
+                    if not self._complete:
+                        return
+                    key, shards = self._complete.popleft()
+                    self._committing = key
+                try:
+                    commit(key, shards)
+                finally:
+                    with self._lock:
+                        self._committing = None
+
+    def keep_only(self, session: str) -> None:
+        """A new session began: drops what older sessions reported and has not begun to commit."""
+        with self._lock:
+            self._arrived = {k: v for k, v in self._arrived.items() if k[0] == session}
+            self._complete = collections.deque(e for e in self._complete if e[0][0] == session)
+
+    def pending(self) -> dict[str, list[int] | str]:
+        """For stats: "session:step" -> the ranks reported so far, or "queued" / "committing"."""
+        with self._lock:
+            out: dict[str, list[int] | str] = {f"{s}:{st}": sorted(r) for (s, st), r in self._arrived.items()}
+            out.update({f"{s}:{st}": "queued" for (s, st), _ in self._complete})
+            if self._committing is not None:
+                s, st = self._committing
+                out[f"{s}:{st}"] = "committing"
+            return out
