@@ -169,7 +169,7 @@ def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, d
 def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
     service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block"))
     try:
-        service.wait_ready(timeout_s=60)  # the coordinator and writer imported DCP
+        service.wait_ready(timeout_s=60)  # the writer imported DCP
         on_all(ranks, "train", 5)
         assert all(on_all(ranks, "wait_idle"))
         wait_committed(service, 5)
@@ -180,6 +180,8 @@ def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
         assert sorted(int(n.split("_")[1]) for n in os.listdir(root)) == [4, 5]
         counts = on_all(ranks, "stats")[0]
         assert counts["staged"] == 5 and counts.get("skipped", 0) == 0
+        stats = service.stats()
+        assert stats["counts"]["committed"] == 5 and not stats["coordinator_has_torch"], stats
     finally:
         stop_ranks(ranks)
         service.shutdown()

@@ -1,17 +1,16 @@
 """Durable-shard reports in, steps committed in the order they became complete.
 
-Writers report each durable shard to the commit coordinator, a threaded actor. A report carries
-DCP types, so it is unpickled only once the coordinator's background import of DCP is done
-(`warm_import`). Registering reports only after that made the first commits of a run race: the
-reports of two steps (say 2 and 4, saved a second apart while the import still ran) waited
-together and were released together, the commit of step 4 could go first, and step 2, complete
-and durable, was then skipped as older than the newest commit (seen in CI: a run kept one
-checkpoint where it should have kept two).
+Writers report each durable shard to the commit coordinator, a threaded actor. Reports used to
+be registered only once unpickled, which waited for the coordinator's background import of DCP:
+the reports of two steps (say 2 and 4, saved a second apart while that import still ran) could
+be released together, the commit of step 4 go first, and step 2, complete and durable, then be
+skipped as older than the newest commit.
 
 So a report is registered the moment it arrives, from a plain header (session, step, rank,
-world size), before anything waits. The step whose last shard arrives joins a FIFO of complete
-steps; whichever thread holds the commit lock commits them from the head, one at a time, so the
-order of commits is the order in which steps became complete.
+world size), before anything waits; the rest of it is opaque here. The step whose last shard
+arrives joins a FIFO of complete steps; whichever thread holds the commit lock commits them
+from the head, one at a time, so the order of commits is the order in which steps became
+complete.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from typing import Any
 
 Key = tuple[str, int]
 """(session, step)."""
@@ -30,24 +30,24 @@ class CommitQueue:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
-        self._arrived: dict[Key, dict[int, bytes]] = {}
-        self._complete: collections.deque[tuple[Key, dict[int, bytes]]] = collections.deque()
+        self._arrived: dict[Key, dict[int, Any]] = {}
+        self._complete: collections.deque[tuple[Key, dict[int, Any]]] = collections.deque()
         self._committing: Key | None = None
 
-    def arrive(self, session: str, step: int, rank: int, world_size: int, message: bytes) -> bool:
+    def arrive(self, session: str, step: int, rank: int, world_size: int, report: Any) -> bool:
         """Registers rank `rank`'s durable shard of `step`; True when that completed the step
         (it is then queued for `drain`)."""
         key = (session, step)
         with self._lock:
             shards = self._arrived.setdefault(key, {})
-            shards[rank] = message
+            shards[rank] = report
             if len(shards) < world_size:
                 return False
             del self._arrived[key]
             self._complete.append((key, shards))
             return True
 
-    def drain(self, commit: Callable[[Key, dict[int, bytes]], None]) -> None:
+    def drain(self, commit: Callable[[Key, dict[int, Any]], None]) -> None:
         """Commits queued steps from the head until none is left. A thread that finds another
         draining waits for the lock, then usually finds the queue empty: its step was committed
         in order by the other."""

@@ -3,8 +3,9 @@
 Created by `CheckpointService.start` (threaded actor, `num_cpus=0`). Ranks' hand-off threads vote
 in each save's round (`vote`, `poll_round`; see `rounds.py`), so every rank hands off the same
 steps. Writers report each durable shard; when every rank of a step's session has reported, the
-coordinator writes the DCP `.metadata` and the commit manifest, tells the writers (memory tier),
-prunes old checkpoints and leftovers. A new session (`begin_session`, at every attempt's load or
+coordinator has a writer build and write the DCP `.metadata` and the commit manifest (so this
+process never imports torch), tells the writers (memory tier), prunes old checkpoints and
+leftovers. A new session (`begin_session`, at every attempt's load or
 first save) ends the old session's rounds and makes its shards uncommittable, so two attempts
 never mix.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -23,9 +25,7 @@ from ray_resilience.checkpoint import commit, layout
 from ray_resilience.checkpoint.commit_queue import CommitQueue
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.rounds import RoundResult, RoundTable
-from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
-from ray_resilience.checkpoint.types import ShardReport
-from ray_resilience.checkpoint.warm_import import WarmImport
+from ray_resilience.checkpoint.storage import CheckpointStorage
 from ray_resilience.checkpoint.writer_pool import WriterPool
 
 logger = logging.getLogger(__name__)
@@ -50,11 +50,9 @@ class CommitCoordinator:
         self._pool = WriterPool(storage=storage, config=config,
                                 coordinator=ray.get_runtime_context().current_actor)
         self._prune()
-        self._warm = WarmImport("ray_resilience.checkpoint.dcp_metadata")
 
     def ready(self) -> bool:
-        """Returns once the background import of DCP is done (the first commit needs it)."""
-        self._warm.wait()
+        """Answers at once: this actor imports no torch (a writer builds each commit)."""
         return True
 
     # --- writers ----------------------------------------------------------------------------
@@ -114,21 +112,18 @@ class CommitCoordinator:
                 return result
             self._round_cond.wait(left)
 
-    def shard_durable(self, session: str, step: int, rank: int, world_size: int, message: bytes) -> None:
-        """A writer's `ShardReport` of `rank`'s shard of `step`, pickled (it holds DCP types, see
-        `warm_import`) behind a plain header, so it is registered before anything waits and
-        steps commit in the order they became complete (see `commit_queue`)."""
+    def shard_durable(self, session: str, step: int, rank: int, world_size: int,
+                      report: tuple[str, float, bytes]) -> None:
+        """A writer's report that `rank`'s shard of `step` is durable: (writer id, staged at,
+        its `ShardReport` pickled). The header is plain, so the report is registered before
+        anything waits and steps commit in the order they became complete (`commit_queue`); the
+        pickled part holds DCP types and is only read by the writer that commits the step."""
         with self._lock:
             if session != self._session:
                 self._counts["stale_reports"] += 1
                 return
-        if self._queue.arrive(session, step, rank, world_size, message):
-            self._queue.drain(self._commit_reports)
-
-    def _commit_reports(self, key: tuple[str, int], messages: dict[int, bytes]) -> None:
-        session, step = key
-        shards: dict[int, ShardReport] = {rank: self._warm.loads(m) for rank, m in messages.items()}
-        self._commit(layout.StepDir(step, session), shards)
+        if self._queue.arrive(session, step, rank, world_size, report):
+            self._queue.drain(self._commit)
 
     def shard_failed(self, session: str, step: int, rank: int, error: str) -> None:
         with self._lock:
@@ -137,43 +132,48 @@ class CommitCoordinator:
             while len(self._failed) > 100:
                 self._failed.pop(next(iter(self._failed)))
 
-    def _commit(self, step_dir: layout.StepDir, shards: dict[int, ShardReport]) -> None:
-        """Called by `CommitQueue.drain` only: one commit at a time, in completion order."""
+    def _commit(self, key: tuple[str, int], reports: dict[int, tuple[str, float, bytes]]) -> None:
+        """Called by `CommitQueue.drain` only: one commit at a time, in completion order. A writer
+        builds DCP's metadata and writes the commit (this actor keeps torch out of its process:
+        3-5 CPU-seconds at every run's start); the first that answers does it, the step's own
+        writers first, the one that reported last first of all (it was alive a moment ago)."""
+        session, step = key
+        step_dir = layout.StepDir(step, session)
         with self._lock:
             newest = self._committed[0] if self._committed else None
             current = self._session
-        if step_dir.session != current or (newest is not None and newest.step >= step_dir.step
-                                           and newest.session == current):
+        if session != current or (newest is not None and newest.step >= step
+                                  and newest.session == current):
             self._counts["not_committed_superseded"] += 1
             return  # a new attempt began, or an older step finished after a newer commit
-        self._warm.wait()
-        from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
-
-        ordered = [shards[r] for r in sorted(shards)]
-        metadata = dumps_metadata(build_metadata(
-            [(r.written_items, r.storage_infos) for r in ordered],
-            planner_data=ordered[0].planner_data, checkpoint_id=self.storage.display(step_dir.name),
-            save_id=step_dir.name))
-        files = {name: digest for r in ordered for name, digest in r.files.items()}
-        try:
-            retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
-                                                metadata=metadata, files=files),
-                     what=f"committing step {step_dir.step}",
-                     num_retries=self.config.num_storage_retries,
-                     backoff_s=self.config.storage_retry_backoff_s,
-                     max_backoff_s=self.config.storage_retry_max_backoff_s)
-        except Exception as exc:  # noqa: BLE001 - the step stays uncommitted; training goes on
-            logger.warning("checkpoint step %d was not committed: %s", step_dir.step, exc)
-            self._counts["commit_failures"] += 1
+        own = list(dict.fromkeys(writer_id for writer_id, _, _ in reversed(reports.values())))
+        candidates = own + [w for w in self._pool.writer_ids() if w not in own]
+        pickled = {rank: message for rank, (_, _, message) in reports.items()}
+        error: str = "no live checkpoint writer to commit it"
+        for writer_id in candidates:
+            handle = self._pool.handle(writer_id)
+            if handle is None:
+                continue
+            try:
+                ray.get(handle.commit_step.remote(session, step, pickled),
+                        timeout=self.config.write_timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                error = f"writer {writer_id} is gone ({type(exc).__name__})"
+                continue  # another writer can commit it: the shards are durable
+            except Exception as exc:  # noqa: BLE001 - storage refused it: the step stays uncommitted
+                error = str(getattr(exc, "cause", None) or exc)
+                break
+            self._on_committed(step_dir, reports)
             return
-        self._on_committed(step_dir, ordered)
+        logger.warning("checkpoint step %d was not committed: %s", step, error)
+        self._counts["commit_failures"] += 1
 
-    def _on_committed(self, step_dir: layout.StepDir, shards: list[ShardReport]) -> None:
+    def _on_committed(self, step_dir: layout.StepDir, reports: dict[int, tuple[str, float, bytes]]) -> None:
         now = time.time()
         with self._lock:
             self._committed.insert(0, step_dir)
-            self._holders[step_dir] = {r.rank: r.writer_id for r in shards}
-            self._latencies.append(now - min(r.staged_at for r in shards))
+            self._holders[step_dir] = {rank: writer_id for rank, (writer_id, _, _) in reports.items()}
+            self._latencies.append(now - min(staged_at for _, staged_at, _ in reports.values()))
             self._counts["committed"] += 1
         logger.info("checkpoint step %d committed (%s)", step_dir.step, self.storage.display(step_dir.name))
         self._pool.broadcast_commit(step_dir.session, step_dir.step)
@@ -213,6 +213,7 @@ class CommitCoordinator:
                 open_rounds = self._rounds.open_rounds()
             return {
                 "session": self._session, "world_size": self._world_size, "open_rounds": open_rounds,
+                "coordinator_has_torch": "torch" in sys.modules,  # never: writers build commits
                 "committed_steps": [d.step for d in self._committed],
                 "pending_steps": pending, "counts": dict(self._counts),
                 "commit_latency_s": list(self._latencies),

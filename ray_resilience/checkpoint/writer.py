@@ -53,7 +53,7 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
         self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0}
         self._last_error: str | None = None
-        self._warm = WarmImport("ray_resilience.checkpoint.shard_io")
+        self._warm = WarmImport("ray_resilience.checkpoint.shard_io", "ray_resilience.checkpoint.dcp_metadata")
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(),
@@ -109,9 +109,31 @@ class CheckpointWriter:
             writer_id=self.writer_id, files=files, written_items=written, storage_infos=infos,
             planner_data=ticket.planner_data, staged_at=ticket.staged_at, durable_at=time.time(),
             nbytes=shard.nbytes)
-        self._coordinator.shard_durable.remote(ticket.session, ticket.step, ticket.rank, ticket.world_size,
-                                               dumps(report))
+        self._coordinator.shard_durable.remote(
+            ticket.session, ticket.step, ticket.rank, ticket.world_size,
+            (self.writer_id, ticket.staged_at, dumps(report)))
         self._finish(key, ShardOutcome(ticket.session, ticket.step, True, write_s=time.time() - start))
+
+    def commit_step(self, session: str, step: int, reports: dict[int, bytes]) -> None:
+        """Commits `step` for the coordinator: builds DCP's `.metadata` from every rank's
+        `ShardReport` (pickled: they hold DCP types, which this process has imported and the
+        coordinator does not), then writes it and the commit manifest (`commit.commit_step`),
+        retried like shard writes. Raises when the step could not be committed."""
+        from ray_resilience.checkpoint import commit, layout  # noqa: PLC0415
+        from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
+
+        ordered: list[ShardReport] = [self._warm.loads(reports[r]) for r in sorted(reports)]
+        step_dir = layout.StepDir(step, session)
+        metadata = dumps_metadata(build_metadata(
+            [(r.written_items, r.storage_infos) for r in ordered],
+            planner_data=ordered[0].planner_data, checkpoint_id=self.storage.display(step_dir.name),
+            save_id=step_dir.name))
+        files = {name: digest for r in ordered for name, digest in r.files.items()}
+        retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
+                                            metadata=metadata, files=files),
+                 what=f"committing step {step}", num_retries=self.config.num_storage_retries,
+                 backoff_s=self.config.storage_retry_backoff_s,
+                 max_backoff_s=self.config.storage_retry_max_backoff_s)
 
     def _on_retry(self, err: CheckpointStorageError, delay_s: float) -> None:
         self._counts["retries"] += 1

@@ -114,6 +114,10 @@ class WriterPool:
                                self._slots[key].writer_id)
             return self._pair(rank)
 
+    def writer_ids(self) -> list[str]:
+        with self._lock:
+            return [slot.writer_id for slot in self._slots.values()]
+
     def handle(self, writer_id: str | None) -> Any:
         with self._lock:
             for slot in self._slots.values():
