@@ -14,6 +14,10 @@ from ray_resilience.examples.token_data import TokenDataset
 
 BATCH_SIZE = 4
 LR = 3e-3
+RNG_SEED = 1000
+NOISE = 1e-3
+"""Each rank scales its loss by 1 + NOISE x a draw from its own torch RNG stream, saved with every
+checkpoint: a resume that does not restore each rank's RNG exactly is not bit-equal."""
 
 
 def train_loop(cfg: dict) -> dict:
@@ -26,17 +30,23 @@ def train_loop(cfg: dict) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     data = TokenDataset(cfg["data_dir"])
     loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
-    start = loaded.step if loaded is not None else 0
+    torch.manual_seed(RNG_SEED + ctx.world_rank)
+    start = 0
+    if loaded is not None:
+        start = loaded.step
+        torch.set_rng_state(loaded.extra["rng"])
     for step in range(start + 1, cfg["max_steps"] + 1):
         inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, BATCH_SIZE)
-        loss = causal_lm_loss(model(inputs), targets)
+        noise = torch.rand(()).item()
+        loss = causal_lm_loss(model(inputs), targets) * (1.0 + NOISE * noise)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if cfg.get("sleep_s"):
             time.sleep(cfg["sleep_s"])
         rr.report({"loss": loss.item()}, step=step,
-                  checkpoint=rr.CheckpointState(model, optimizer, extra={"data_step": step}))
+                  checkpoint=rr.CheckpointState(model, optimizer, extra={
+                      "data_step": step, "rng": torch.get_rng_state()}))
         if cfg.get("validate_every") and step % cfg["validate_every"] == 0:
             with rr.phase("validation"), torch.no_grad():  # changes no parameter
                 model(inputs)
@@ -47,18 +57,25 @@ def train_loop(cfg: dict) -> dict:
     import psutil  # noqa: PLC0415 - when this rank's process started (a Ray dependency)
 
     return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt,
+            "resumed_from": loaded.step if loaded else None, "tier": loaded.tier if loaded else None,
             "node_id": ray.get_runtime_context().get_node_id(),
             "started_at": psutil.Process().create_time()}
 
 
 def single_process_reference(data_dir: str, *, world_size: int, max_steps: int) -> dict:
-    """The same training without FSDP in one process: every rank's batch, one optimizer."""
+    """The same training without FSDP in one process: every rank's batch and loss scale (drawn
+    from that rank's RNG stream), their mean as the loss, one optimizer."""
     model = build_model("tiny", seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     data = TokenDataset(data_dir)
+    streams = [torch.Generator().manual_seed(RNG_SEED + r) for r in range(world_size)]
     for step in range(1, max_steps + 1):
-        inputs, targets = data.batch(step - 1, 0, 1, BATCH_SIZE * world_size)
-        causal_lm_loss(model(inputs), targets).backward()
+        loss = torch.zeros(())
+        for rank in range(world_size):
+            inputs, targets = data.batch(step - 1, rank, world_size, BATCH_SIZE)
+            scale = 1.0 + NOISE * torch.rand((), generator=streams[rank]).item()
+            loss = loss + causal_lm_loss(model(inputs), targets) * scale
+        (loss / world_size).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
