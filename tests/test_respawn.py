@@ -70,15 +70,6 @@ def test_policy_all_replaces_every_rank(clean, token_data_dir, tmp_path):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
 
-@pytest.mark.timeout(240)
-def test_respawn_limit_stops_with_typed_error(ray_session, token_data_dir, tmp_path):
-    plan = rr.FaultPlan.explicit([rr.Fault(step=s, rank=1, kind="sigkill") for s in (2, 3)])
-    result = workload.fit(token_data_dir, str(tmp_path), "respawn-limit", max_steps=STEPS,
-                          resilience=_resilience(plan, max_restarts=1))
-    assert isinstance(result.error, rr.RestartLimitError)
-    assert result.error.setting == "InJobConfig.max_restarts" and result.error.ranks == [1]
-
-
 @pytest.mark.timeout(120)
 def test_dead_rank_without_in_job_fails_the_run(ray_session, token_data_dir, tmp_path):
     plan = rr.FaultPlan.explicit([rr.Fault(step=3, rank=1, kind="sigkill")])
@@ -100,14 +91,20 @@ def _dies_on_start():
 
 
 @pytest.mark.timeout(240)
-def test_rank_dying_after_every_respawn_stops_the_storm(ray_session, tmp_path):
+@pytest.mark.parametrize("limits, setting", [
+    (dict(max_restarts=20, max_attempts_without_progress=1), "InJobConfig.max_attempts_without_progress"),
+    (dict(max_restarts=1, max_attempts_without_progress=3), "InJobConfig.max_restarts"),
+], ids=["no-progress", "max-restarts"])
+def test_rank_dying_after_every_respawn_stops_at_the_limit_with_typed_error(ray_session, tmp_path, limits, setting):
+    """Rank 1 dies at every start (a storm): whichever limit comes first stops the run with a
+    typed error naming that setting and the rank, after exactly one respawn."""
     result = rr.ResilientTrainer(
         _dies_on_start, scaling_config=rr.ScalingConfig(num_workers=2),
         run_config=rr.RunConfig(name="storm", storage_path=str(tmp_path), verbose=False),
         resilience=rr.ResilienceConfig(
             in_process=rr.InProcessConfig(), first_step_timeout_s=60.0, step_timeout_s=30.0,
-            in_job=rr.InJobConfig(max_restarts=20, max_attempts_without_progress=2))).fit()
+            in_job=rr.InJobConfig(**limits))).fit()
     err = result.error
     assert isinstance(err, rr.RestartLimitError), err
-    assert err.setting == "InJobConfig.max_attempts_without_progress" and err.ranks == [1]
-    assert result.attempts == 3 and set(err.causes) == {"actor_died"}
+    assert err.setting == setting and err.ranks == [1]
+    assert result.attempts == 2 and set(err.causes) == {"actor_died"}
