@@ -47,6 +47,7 @@ class CommitCoordinator:
         self._counts = collections.Counter()
         self._round_cond = threading.Condition()
         self._rounds = RoundTable()
+        self._node_id = ray.get_runtime_context().get_node_id()
         self._pool = WriterPool(storage=storage, config=config,
                                 coordinator=ray.get_runtime_context().current_actor)
         self._prune()
@@ -135,8 +136,9 @@ class CommitCoordinator:
     def _commit(self, key: tuple[str, int], reports: dict[int, tuple[str, float, bytes]]) -> None:
         """Called by `CommitQueue.drain` only: one commit at a time, in completion order. A writer
         builds DCP's metadata and writes the commit (this actor keeps torch out of its process:
-        3-5 CPU-seconds at every run's start); the first that answers does it, the step's own
-        writers first, the one that reported last first of all (it was alive a moment ago)."""
+        3-5 CPU-seconds at every run's start); the first that answers does it: a writer on this
+        actor's node first (it cannot be lost without the commit log), then the step's own
+        writers, the one that reported last first (it was alive a moment ago), then any."""
         session, step = key
         step_dir = layout.StepDir(step, session)
         with self._lock:
@@ -146,8 +148,9 @@ class CommitCoordinator:
                                   and newest.session == current):
             self._counts["not_committed_superseded"] += 1
             return  # a new attempt began, or an older step finished after a newer commit
+        here = self._pool.writer_ids(node_id=self._node_id)
         own = list(dict.fromkeys(writer_id for writer_id, _, _ in reversed(reports.values())))
-        candidates = own + [w for w in self._pool.writer_ids() if w not in own]
+        candidates = list(dict.fromkeys(here + own + self._pool.writer_ids()))
         pickled = {rank: message for rank, (_, _, message) in reports.items()}
         error: str = "no live checkpoint writer to commit it"
         for writer_id in candidates:

@@ -114,9 +114,10 @@ class WriterPool:
                                self._slots[key].writer_id)
             return self._pair(rank)
 
-    def writer_ids(self) -> list[str]:
+    def writer_ids(self, *, node_id: str | None = None) -> list[str]:
+        """The writers' ids (those on `node_id` only, if given)."""
         with self._lock:
-            return [slot.writer_id for slot in self._slots.values()]
+            return [s.writer_id for s in self._slots.values() if node_id in (None, s.node_id)]
 
     def handle(self, writer_id: str | None) -> Any:
         with self._lock:
