@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from ray_resilience.checkpoint import commit, layout
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
@@ -91,12 +92,9 @@ class CheckpointWriter:
 
         try:
             payload = ray.get(shard.boxed[0])
-            files, written, infos = retrying(
+            files, written, infos = self._retrying(
                 lambda: write_shard(self.storage, ticket, payload),
-                what=f"writing rank {ticket.rank}'s shard of step {ticket.step}",
-                num_retries=self.config.num_storage_retries,
-                backoff_s=self.config.storage_retry_backoff_s,
-                max_backoff_s=self.config.storage_retry_max_backoff_s, on_retry=self._on_retry)
+                f"writing rank {ticket.rank}'s shard of step {ticket.step}")
         except Exception as exc:  # noqa: BLE001 - any failure loses this shard only
             self._fail(key, ticket, exc, time.time() - start)
             return
@@ -119,7 +117,6 @@ class CheckpointWriter:
         `ShardReport` (pickled: they hold DCP types, which this process has imported and the
         coordinator does not), then writes it and the commit manifest (`commit.commit_step`),
         retried like shard writes. Raises when the step could not be committed."""
-        from ray_resilience.checkpoint import commit, layout  # noqa: PLC0415
         from ray_resilience.checkpoint.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
 
         ordered: list[ShardReport] = [self._warm.loads(reports[r]) for r in sorted(reports)]
@@ -129,11 +126,15 @@ class CheckpointWriter:
             planner_data=ordered[0].planner_data, checkpoint_id=self.storage.display(step_dir.name),
             save_id=step_dir.name))
         files = {name: digest for r in ordered for name, digest in r.files.items()}
-        retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
-                                            metadata=metadata, files=files),
-                 what=f"committing step {step}", num_retries=self.config.num_storage_retries,
-                 backoff_s=self.config.storage_retry_backoff_s,
-                 max_backoff_s=self.config.storage_retry_max_backoff_s)
+        self._retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
+                                                  metadata=metadata, files=files),
+                       f"committing step {step}")
+
+    def _retrying(self, fn: Any, what: str) -> Any:
+        """`fn()` retried on storage errors as configured; every retry counted in `stats`."""
+        return retrying(fn, what=what, num_retries=self.config.num_storage_retries,
+                        backoff_s=self.config.storage_retry_backoff_s,
+                        max_backoff_s=self.config.storage_retry_max_backoff_s, on_retry=self._on_retry)
 
     def _on_retry(self, err: CheckpointStorageError, delay_s: float) -> None:
         self._counts["retries"] += 1
