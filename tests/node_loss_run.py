@@ -81,9 +81,11 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
     mode "exclude": rank 1 is killed twice on its node, which is then excluded (see `exclude`).
     `reference`: the fault-free final weights of the same workload (a file the test wrote)."""
     clean = workload.torch.load(reference, weights_only=True) if reference else None
+    # No dashboard: nothing here uses it, and its ten head processes took 2-3 s of the start
+    # and CPU all run long on this 2-core machine.
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "_system_config": {"health_check_period_ms": 500,
-                                          "health_check_failure_threshold": 4}})
+        "num_cpus": 1, "include_dashboard": False,
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
     workers = [cluster.add_node(num_cpus=1, resources={"trainer": 1})
                for _ in range(3 if mode == "exclude" else 2)]
     ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
