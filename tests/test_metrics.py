@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from ray_resilience._internal import metrics as metrics_module
 from ray_resilience._internal.metrics import EXPORTED_METRICS, RunMetrics, prometheus_names
