@@ -162,7 +162,9 @@ def load_checkpoint(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer 
     loaded = session.checkpointer.load(model=model, optimizer=optimizer)
     with session.lock:
         session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
+                               "rank": session.context.world_rank,
                                "tier": getattr(loaded, "tier", None),
+                               "replica": getattr(loaded, "replica", False),
                                "step": getattr(loaded, "step", None)})
     if session.faults is not None:
         session.faults("checkpoint_load", None)

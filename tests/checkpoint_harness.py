@@ -164,7 +164,7 @@ class RankActor:
             return None
         self.step = loaded.step
         return {"step": loaded.step, "tier": loaded.tier, "path": loaded.path, "extra": loaded.extra,
-                "fallbacks": list(loaded.fallbacks)}
+                "fallbacks": list(loaded.fallbacks), "replica": loaded.replica}
 
     def stock_load(self, path: str) -> dict[str, torch.Tensor]:
         """Loads with plain `torch.distributed.checkpoint.load` (no ray_resilience code) at this

@@ -19,6 +19,7 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ray_resilience as rr  # noqa: E402
+from ray_resilience.checkpoint import CheckpointConfig  # noqa: E402
 from ray_resilience._internal.constants import SUPERVISOR_NAME_PREFIX  # noqa: E402
 from tests import workload  # noqa: E402
 
@@ -31,9 +32,13 @@ def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            status = ray.get(ray.get_actor(SUPERVISOR_NAME_PREFIX + run_name).status.remote())
+            supervisor = ray.get_actor(SUPERVISOR_NAME_PREFIX + run_name)
+            status = ray.get(supervisor.status.remote())
             if (status.get("step") or 0) >= step:
-                break
+                replicated = _replicated_step(ray.get(supervisor.checkpoint_stats.remote()))
+                if replicated is not None:
+                    log["replicated_step"] = replicated
+                    break
         except Exception:  # noqa: BLE001 - not started yet
             pass
         time.sleep(0.05)
@@ -50,6 +55,16 @@ def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
         time.sleep(1.0)
         cluster.add_node(num_cpus=1, resources={"trainer": 1})
         log["added_at"] = time.time()
+
+
+def _replicated_step(stats: dict | None) -> int | None:
+    """The newest committed step once both ranks' shards of it have a replica in memory."""
+    if not stats or not stats["committed_steps"]:
+        return None
+    newest = stats["committed_steps"][0]
+    held = {rank for w in stats["writers"] for rank, s in (w.get("replica_steps") or {}).items()
+            if s == newest}
+    return newest if held >= {0, 1} else None
 
 
 def _control_nodes(run_name: str) -> set[str]:
@@ -109,8 +124,11 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
     log: dict = {}
     box: dict = {}
     # Node processes can only be killed from the main thread (signals): train in a thread.
+    # Replicas of each rank's newest committed shard on the other node's writer: the rank moved
+    # to the new node can restore from memory although its writer died with the lost node.
+    checkpoint = CheckpointConfig(interval_steps=2, memory_replicas=1)
     trainer = threading.Thread(target=lambda: box.update(result=fit("lost", rr.ResilienceConfig.default(
-        checkpoint_interval=2, in_job=in_job))))
+        checkpoint=checkpoint, in_job=in_job))))
     trainer.start()
     # All simulated nodes share one IP, so the driver may be attached to a worker node's raylet
     # and the supervisor (with the commit coordinator) may live there. Remove the other one.

@@ -34,6 +34,7 @@ def test_is_save_step_follows_interval():
     ("storage_retry_backoff_s", 0, "seconds"),
     ("write_timeout_s", -1.0, "seconds"),
     ("warn_interval_s", 5000.0, "write_timeout_s"),
+    ("memory_replicas", -1, "memory_replicas"),
 ])
 def test_invalid_values_name_field_value_and_fix(field, value, words):
     with pytest.raises(ValueError) as info:
@@ -41,6 +42,13 @@ def test_invalid_values_name_field_value_and_fix(field, value, words):
     assert isinstance(info.value, ConfigError)
     message = str(info.value)
     assert f"CheckpointConfig.{field}" in message and repr(value) in message and words in message
+
+
+def test_replicas_need_the_memory_tier():
+    with pytest.raises(ConfigError) as info:
+        CheckpointConfig(memory_replicas=1, memory_tier=False)
+    assert "CheckpointConfig.memory_replicas" in str(info.value) and "memory_tier=True" in str(info.value)
+    assert CheckpointConfig(memory_replicas=1).memory_replicas == 1
 
 
 KEYS = {0: [("model.w|(0,)", 8), ("optimizer.lr|()", 0)], 1: [("model.w|(4,)", 8), ("optimizer.lr|()", 0)]}

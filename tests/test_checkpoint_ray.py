@@ -100,6 +100,40 @@ def test_respawned_ranks_load_from_writer_memory(two_ranks):
         stop_ranks(fresh)
 
 
+def test_replica_restores_a_rank_whose_writer_is_gone(ray_session, tmp_path):
+    """memory_replicas=1, one writer per rank: each writer also keeps the other rank's shard.
+    With rank 1's writer killed after the commit, rank 1 restores from the replica in rank 0's
+    writer, not from storage; the values are the ones saved."""
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, writers_per_node=2,
+                                                      memory_replicas=1))
+    try:
+        on_all(ranks, "train", 3, save=False)
+        expected = on_all(ranks, "save_then_mutate", 3)[0]
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 3)
+        deadline = time.monotonic() + 60
+        while True:
+            writers = service.stats()["writers"]
+            held = sorted(((w.get("memory_tier_steps"), w.get("replica_steps")) for w in writers), key=repr)
+            if held == [({0: 3}, {1: 3}), ({1: 3}, {0: 3})]:
+                break
+            assert time.monotonic() < deadline, f"replicas not held: {writers}"
+            time.sleep(0.1)
+        assert service.stats()["memory_bytes"] >= 2 * sum(w["memory_tier_bytes"] for w in writers)
+        # An older commit's broadcast that runs late (the writer is a threaded actor) drops nothing.
+        ray.get(service.rank_spec(0).writer.on_commit.remote("0" * 16, 1, 0, {}))
+        after = {w["writer_id"]: (w["memory_tier_steps"], w["replica_steps"]) for w in service.stats()["writers"]}
+        assert after[service.rank_spec(0).writer_id] == ({0: 3}, {1: 3}), after
+        ray.kill(service.rank_spec(1).writer)
+        loaded = on_all(ranks, "load")
+        assert [(r["step"], r["tier"], r["replica"]) for r in loaded] == [
+            (3, "memory", False), (3, "memory", True)]
+        assert_same(expected, on_all(ranks, "full_state")[0])
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
 def test_resharding_to_one_and_three_ranks_with_plain_dcp(two_ranks, tmp_path):
     service, ranks, expected = two_ranks
     stop_ranks(ranks)

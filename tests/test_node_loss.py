@@ -42,6 +42,16 @@ def test_node_removed_without_grace_during_training(clean_run, token_data_dir, t
     assert out["log"]["removed_node"] and "added_at" in out["log"]
     assert out["faults"], "the node loss was not detected"
     assert out["bit_equal"], "final weights differ from the fault-free run"
+    # memory_replicas=1: the node was removed once both ranks' shards of the newest commit had a
+    # replica on the other node's writer, so the rank that moved restores from memory although
+    # its own writer died with the node (from storage only if a newer step committed between
+    # that check and the removal: no replica of it may exist yet).
+    (moved,) = out["faults"][0]["respawned"]
+    recovery = [load for load in out["loads"] if load["attempt"] >= 1 and load["rank"] == moved]
+    assert recovery, out["loads"]
+    load = recovery[0]
+    assert (load["tier"], load["replica"], load["step"]) == ("memory", True, out["log"]["replicated_step"]) \
+        or (load["tier"] == "storage" and load["step"] > out["log"]["replicated_step"]), (load, out["log"])
 
 
 @pytest.mark.slow  # 1.5-5 min: after a node dies, Ray's agents on the simulated cluster spin

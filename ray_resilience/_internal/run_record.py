@@ -77,7 +77,9 @@ class RunRecord:
         if self.timeouts is not None and ev["phase"] not in ("release_groups", "init_process_group"):
             self.timeouts.observe(ev["phase"], ev["t_end"] - ev["t_start"])
         rank = ev.get("rank")
-        if rank is not None:  # time inside phases is not step time
+        # Time inside phases is not step time. A load is followed by the attempt's first step,
+        # which has a timeout of its own: it starts no step interval.
+        if rank is not None and ev["phase"] != "checkpoint_load":
             key = (attempt, rank)
             self._last_mark[key] = max(self._last_mark.get(key, 0.0), ev["t_end"])
 

@@ -102,6 +102,11 @@ class Supervisor:
                     "step": self.record.global_step, "metrics": dict(last),
                     "restarts": len(self.faults), "elapsed_s": time.time() - self._t_start}
 
+    def checkpoint_stats(self) -> dict[str, Any] | None:
+        """The checkpoint service's counters (`CheckpointService.stats`), None without one."""
+        service = self.checkpoints
+        return service.stats() if service is not None else None
+
     def abort(self) -> None:
         """Stops the run (Ctrl-C on the driver); `run()` returns soon after."""
         self._abort.set()

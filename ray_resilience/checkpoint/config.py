@@ -39,7 +39,14 @@ class CheckpointConfig:
     memory_tier: bool = True
     """Keep the newest committed checkpoint in writer memory so restarts skip reading storage."""
     memory_budget_bytes: int | None = None
-    """Per-node cap on the memory tier (None: only Ray's object store limit applies)."""
+    """Per-node cap on the memory tier, replicas included (None: only Ray's object store limit
+    applies)."""
+    memory_replicas: int = 0
+    """Copies of each rank's newest committed shard that other writers also keep in memory,
+    preferring writers on other nodes: a rank whose node (or writer) was lost then restores from
+    a replica instead of reading storage. Each replica costs the shard's size in the holding
+    node's object store; made in the background after the commit, so a fault right after a
+    commit may still find none (storage is the fallback)."""
     snapshot: SnapshotMode = "auto"
     """"auto" | "overlap" | "sync" (see the class docstring); a save without an optimizer is
     always sync."""
@@ -82,6 +89,11 @@ class CheckpointConfig:
         self._check_int("auto_sync_max_bytes", minimum=0,
                         fix="give a byte count (0: always overlap under snapshot='auto').")
         self._check_int("num_storage_retries", minimum=0, fix="use 0 to never retry.")
+        self._check_int("memory_replicas", minimum=0, fix="use 0 for no replicas.")
+        if self.memory_replicas and not self.memory_tier:
+            raise ConfigError("CheckpointConfig.memory_replicas", self.memory_replicas,
+                              "replicates the memory tier, which memory_tier=False turns off; "
+                              "set memory_tier=True or memory_replicas=0.")
         if self.memory_budget_bytes is not None:
             self._check_int("memory_budget_bytes", minimum=0,
                             fix="give a byte count, or None for no cap (memory_tier=False turns it off).")

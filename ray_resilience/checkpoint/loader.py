@@ -2,8 +2,8 @@
 
 Called by `RankCheckpointer.load` on the training thread of every rank. Candidates are the
 committed steps, newest first, as the coordinator knows them (rank 0's list is used by all). For
-each candidate every rank loads its part, from its writer's memory when the shard layout matches,
-else from storage with every file checked against the manifest; then the ranks agree (all
+each candidate every rank loads its part, from its writer's memory when the shard layout matches
+(or from a writer holding a replica, when that one is gone), else from storage with every file checked against the manifest; then the ranks agree (all
 succeeded?) and either apply the state or fall back to the next older step, with a warning that
 names the file.
 """
@@ -71,23 +71,27 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
     return None
 
 
-def _try_step(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
+def _try_step(target: LoadTarget, step_dir: layout.StepDir, holders: list[Any] | None,
               ) -> tuple[dict, LoadedCheckpoint | None, str | None]:
     state = state_dict_of(target.model, target.optimizer)
     path = target.storage.display(step_dir.name)
     try:
-        extra = _from_memory(target, step_dir, holder, state) if target.memory_tier else None
+        extra, replica = None, False
+        for index, holder in enumerate(holders or []) if target.memory_tier else ():
+            extra = _from_memory(target, step_dir, holder, state)
+            if extra is not None:
+                replica = index > 0
+                break
         tier = "memory"
         if extra is None:
             extra, tier = _from_storage(target, step_dir, state), "storage"
-        return state, LoadedCheckpoint(step=step_dir.step, extra=extra, tier=tier, path=path), None
+        return state, LoadedCheckpoint(step=step_dir.step, extra=extra, tier=tier, path=path,
+                                       replica=replica), None
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank falls back together
         return state, None, _describe(exc)
 
 
 def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any, state: dict) -> dict | None:
-    if holder is None:
-        return None
     try:
         entry = ray.get(holder.memory_entry.remote(target.rank, step_dir.session, step_dir.step),
                         timeout=CALL_TIMEOUT_S)
@@ -100,8 +104,8 @@ def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any, stat
                         target.rank, step_dir.step)
         return extra
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - storage remains the fallback
-        logger.warning("rank %d: memory tier unusable for step %d (%s); reading storage",
-                       target.rank, step_dir.step, _describe(exc))
+        logger.warning("rank %d: memory copy of step %d unusable (%s); trying a replica, if any, "
+                       "then storage", target.rank, step_dir.step, _describe(exc))
         return None
 
 

@@ -101,10 +101,10 @@ class CheckpointService:
 
     def stats(self) -> dict[str, Any]:
         """Committed and pending steps, commit latencies, and per writer: memory used (memory
-        tier and in-flight bytes), shards received/durable/failed, retries, last error."""
+        tier, replicas and in-flight bytes), shards received/durable/failed, retries, last error."""
         stats = ray.get(self._coordinator.stats.remote(), timeout=CALL_TIMEOUT_S)
-        stats["memory_bytes"] = sum(w.get("memory_tier_bytes", 0) + w.get("in_flight_bytes", 0)
-                                    for w in stats["writers"])
+        stats["memory_bytes"] = sum(w.get("memory_tier_bytes", 0) + w.get("replica_bytes", 0)
+                                    + w.get("in_flight_bytes", 0) for w in stats["writers"])
         stats["run_checkpoints_dir"] = self.storage.display()
         return stats
 

@@ -123,6 +123,7 @@ class MemoryEntry:
     items: list[WriteItem]
     boxed: list[Any]
     nbytes: int
+    rank: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,3 +137,6 @@ class LoadedCheckpoint:
     """The step folder (URI or local path) the checkpoint belongs to."""
     fallbacks: tuple[str, ...] = ()
     """Newer committed steps that could not be loaded, each with the reason (file named)."""
+    replica: bool = False
+    """Memory tier only: read from a replica (`CheckpointConfig.memory_replicas`), not from the
+    writer that wrote this rank's shard."""

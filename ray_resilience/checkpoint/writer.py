@@ -5,7 +5,9 @@ Created by the commit coordinator, one or more per node hosting ranks (node affi
 into an object it owns (a Ray object dies with the process that created it, and the rank may
 die first), persists it to storage in a thread, reports durability to the coordinator and
 answers the rank's `wait`. After the coordinator commits a step, the writer keeps that shard as
-the memory tier (within its budget) until a newer step commits.
+the memory tier (within its budget) until a newer step commits, and, with
+`CheckpointConfig.memory_replicas`, hands it to the other writers the coordinator chose, which
+keep their own copies as replicas (`hold_replica`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from ray_resilience.checkpoint.warm_import import WarmImport, dumps
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, int, int]  # (session, step, rank)
+REPLICA_GET_TIMEOUT_S = 300.0
+"""How long a replica waits for the primary's copy of the shard (a cross-node transfer)."""
 
 
 @dataclasses.dataclass
@@ -51,8 +55,14 @@ class CheckpointWriter:
         self._shards: dict[Key, _Shard] = {}
         self._outcomes: dict[Key, ShardOutcome] = {}
         self._memory: dict[int, MemoryEntry] = {}
+        self._replicas: dict[int, MemoryEntry] = {}
+        """Other writers' ranks' shards of the newest commit, held as replicas."""
+        self._commit_seq = 0
+        """The newest commit this writer heard of (the coordinator numbers them): the calls of a
+        threaded actor may run out of order, and an older commit must never drop a newer one."""
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
-        self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0}
+        self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0,
+                        "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0}
         self._last_error: str | None = None
         self._warm = WarmImport("ray_resilience.checkpoint.shard_io", "ray_resilience.checkpoint.dcp_metadata")
 
@@ -163,47 +173,101 @@ class CheckpointWriter:
             self._cond.wait_for(lambda: key in self._outcomes, timeout=timeout_s)
             return self._outcomes.pop(key, None)
 
-    def on_commit(self, session: str, step: int) -> None:
-        """The coordinator committed (session, step): its shards become the memory tier, older
-        shards and memory entries are dropped."""
+    def on_commit(self, session: str, step: int, seq: int = 0,
+                  replica_holders: dict[int, list[Any]] | None = None) -> None:
+        """The coordinator committed (session, step), its `seq`-th commit: its shards become the
+        memory tier, older shards, memory entries and replicas are dropped; each promoted shard
+        goes to the writers `replica_holders` names for its rank."""
+        promoted: list[MemoryEntry] = []
         with self._cond:
+            if seq < self._commit_seq:
+                return  # a newer commit was applied first
+            self._commit_seq = seq
+            for held in (self._memory, self._replicas):  # first, so the budget counts only what stays
+                for rank, entry in list(held.items()):
+                    if (entry.session, entry.step) != (session, step):
+                        del held[rank]
             for key, shard in list(self._shards.items()):
                 if (key[0], key[1]) == (session, step) and shard.durable:
                     del self._shards[key]
-                    self._promote(shard)
+                    entry = self._promote(shard)
+                    if entry is not None:
+                        promoted.append(entry)
                 elif shard.durable and (key[0] != session or key[1] < step):
                     del self._shards[key]
-            for rank, entry in list(self._memory.items()):
-                if (entry.session, entry.step) != (session, step):
-                    del self._memory[rank]
+        for entry in promoted:
+            for holder in (replica_holders or {}).get(entry.rank, ()):
+                holder.hold_replica.remote(entry.rank, session, step, seq, dumps(entry.items),
+                                           entry.boxed)
+                self._counts["replicas_sent"] += 1
 
-    def _promote(self, shard: _Shard) -> None:
+    def _promote(self, shard: _Shard) -> MemoryEntry | None:
         if not self.config.memory_tier or not shard.boxed:
-            return
+            return None
         rank = shard.ticket.rank
-        used = sum(e.nbytes for r, e in self._memory.items() if r != rank)
-        if self._budget is not None and used + shard.nbytes > self._budget:
+        if not self._fits(rank, shard.nbytes, self._memory):
             logger.info("writer %s: rank %d's step %d (%d bytes) exceeds the memory tier budget "
                         "(%d bytes); it loads from storage", self.writer_id, rank,
                         shard.ticket.step, shard.nbytes, self._budget)
-            return
-        self._memory[rank] = MemoryEntry(shard.ticket.session, shard.ticket.step,
-                                         shard.ticket.items, shard.boxed, shard.nbytes)
+            return None
+        entry = self._memory[rank] = MemoryEntry(shard.ticket.session, shard.ticket.step,
+                                                 shard.ticket.items, shard.boxed, shard.nbytes,
+                                                 rank=rank)
+        return entry
+
+    def _fits(self, rank: int, nbytes: int, into: dict[int, MemoryEntry]) -> bool:
+        """Whether `nbytes` more (replacing `rank`'s entry in `into`) stay within the budget."""
+        if self._budget is None:
+            return True
+        used = sum(e.nbytes for held in (self._memory, self._replicas)
+                   for r, e in held.items() if not (held is into and r == rank))
+        return used + nbytes <= self._budget
+
+    def hold_replica(self, rank: int, session: str, step: int, seq: int, items: bytes,
+                     boxed: list[Any]) -> bool:
+        """Keeps a copy of `rank`'s shard of committed (session, step) that another writer holds
+        in `boxed[0]`: copied into an object this writer owns (it must outlive the sender), then
+        reported to the coordinator. False when a newer commit came first, the budget is full
+        or the sender is gone."""
+        try:
+            entry_items = self._warm.loads(items)
+            payload = ray.get(boxed[0], timeout=REPLICA_GET_TIMEOUT_S)
+            own = ray.put(payload)
+            nbytes = payload.nbytes
+            del payload, boxed
+        except Exception as exc:  # noqa: BLE001 - storage remains the fallback
+            logger.warning("writer %s: no replica of rank %d's step %d (%s: %s)", self.writer_id,
+                           rank, step, type(exc).__name__, exc)
+            self._counts["replicas_refused"] += 1
+            return False
+        with self._cond:
+            if seq < self._commit_seq or not self._fits(rank, nbytes, self._replicas):
+                self._counts["replicas_refused"] += 1
+                return False
+            self._commit_seq = seq  # this commit's broadcast may not have run here yet
+            self._replicas[rank] = MemoryEntry(session, step, entry_items, [own], nbytes, rank=rank)
+            self._counts["replicas_held"] += 1
+        self._coordinator.replica_held.remote(session, step, rank, self.writer_id)
+        return True
 
     def memory_entry(self, rank: int, session: str, step: int) -> MemoryEntry | None:
-        """Rank `rank`'s shard of committed (session, step) if it is held in memory."""
+        """Rank `rank`'s shard of committed (session, step) if held in memory (its own or a
+        replica)."""
         with self._cond:
-            entry = self._memory.get(rank)
-            if entry is None or (entry.session, entry.step) != (session, step):
-                return None
-            return entry
+            for held in (self._memory, self._replicas):
+                entry = held.get(rank)
+                if entry is not None and (entry.session, entry.step) == (session, step):
+                    return entry
+            return None
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
             return {
                 "writer_id": self.writer_id, **self._counts, "last_error": self._last_error,
                 "memory_tier_bytes": sum(e.nbytes for e in self._memory.values()),
+                "replica_bytes": sum(e.nbytes for e in self._replicas.values()),
                 "in_flight_bytes": sum(s.nbytes for s in self._shards.values() if s.boxed),
                 "memory_tier_steps": {r: e.step for r, e in self._memory.items()},
+                "replica_steps": {r: e.step for r, e in self._replicas.items()},
                 "in_flight": sorted([list(k) for k in self._shards]),
             }

@@ -126,11 +126,28 @@ class WriterPool:
                     return slot.handle
         return None
 
-    def broadcast_commit(self, session: str, step: int) -> None:
+    def replica_holders(self, writer_id: str, count: int) -> list[Any]:
+        """Up to `count` writers other than `writer_id` to keep replicas of its shards: writers
+        on other nodes first (a lost node then loses no replica with it), then other writers on
+        the same node (they outlive a writer process's death)."""
+        with self._lock:
+            slots = list(self._slots.values())
+        own = next((s for s in slots if s.writer_id == writer_id), None)
+        if own is None or count <= 0:
+            return []
+        others = [s for s in slots if s is not own]
+        # Spread the replicas: the writers after this one in a fixed order, other nodes first.
+        order = sorted(others, key=lambda s: (s.node_id == own.node_id,
+                                              (s.node_id, s.index) < (own.node_id, own.index),
+                                              s.node_id, s.index))
+        return [s.handle for s in order[:count]]
+
+    def broadcast_commit(self, session: str, step: int, seq: int,
+                         replica_holders: dict[int, list[Any]]) -> None:
         with self._lock:
             handles = [s.handle for s in self._slots.values()]
         for handle in handles:
-            handle.on_commit.remote(session, step)
+            handle.on_commit.remote(session, step, seq, replica_holders)
 
     def stats(self) -> list[dict[str, Any]]:
         with self._lock:
