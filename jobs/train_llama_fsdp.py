@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint_interval", type=int, default=10, help="steps; 0 disables")
+    p.add_argument("--memory_replicas", type=int, default=0,
+                   help="other writers (other nodes first) that also keep each rank's newest "
+                        "checkpoint in memory, so ranks of a lost node restore without storage")
     p.add_argument("--storage_path", default=os.path.abspath("runs"))
     p.add_argument("--run_name", default="llama-fsdp")
     p.add_argument("--data_dir", default=None, help="Parquet token shards (generated if missing)")
@@ -94,7 +97,9 @@ def build_trainer(args: argparse.Namespace) -> rr.ResilientTrainer:
         run_config=rr.RunConfig(name=args.run_name, storage_path=args.storage_path,
                                 verbose=not args.quiet),
         resilience=rr.ResilienceConfig.default(
-            checkpoint_interval=args.checkpoint_interval, fault_plan=plan),
+            checkpoint=rr.CheckpointConfig(interval_steps=args.checkpoint_interval,
+                                           memory_replicas=args.memory_replicas)
+            if args.checkpoint_interval else None, fault_plan=plan),
     )
 
 
