@@ -41,13 +41,13 @@ def test_long_validation_uses_its_phase_timeout_not_the_step_timeout(ray_session
                                                                      tmp_path):
     result = workload.fit(
         token_data_dir, str(tmp_path), "slow-validation", max_steps=5, validate_every=4,
-        validation_sleep_s=9.0,
-        resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(), step_timeout_s=6.0,
+        validation_sleep_s=5.0,
+        resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(), step_timeout_s=3.0,
                                        first_step_timeout_s=60.0,
                                        phase_timeouts_s={"validation": 40.0}))
     assert result.ok and not result.faults, result.faults
-    assert result.timeouts["worst_observed_s"]["validation"] >= 9.0
-    assert result.timeouts["worst_observed_s"]["step"] < 6.0
+    assert result.timeouts["worst_observed_s"]["validation"] >= 5.0
+    assert result.timeouts["worst_observed_s"]["step"] < 3.0
 
 
 @pytest.mark.timeout(240)
