@@ -46,8 +46,12 @@ def test_node_removed_without_grace_during_training(clean_run, token_data_dir, t
     # replica on the other node's writer, so the rank that moved restores from memory although
     # its own writer died with the node (from storage only if a newer step committed between
     # that check and the removal: no replica of it may exist yet).
-    (moved,) = out["faults"][0]["respawned"]
-    recovery = [load for load in out["loads"] if load["attempt"] >= 1 and load["rank"] == moved]
+    # The node loss's fault is the first detected after the removal (a loaded machine may have
+    # produced an earlier one, e.g. a rank silent past the 3 s heartbeat timeout at start-up).
+    fault = next(f for f in out["faults"] if f["t_detect"] >= out["log"]["removed_at"])
+    (moved,) = fault["respawned"]
+    recovery = [load for load in out["loads"]
+                if load["attempt"] > fault["attempt"] and load["rank"] == moved]
     assert recovery, out["loads"]
     load = recovery[0]
     assert (load["tier"], load["replica"], load["step"]) == ("memory", True, out["log"]["replicated_step"]) \
