@@ -10,10 +10,11 @@ from tests import workload
 STEPS = 12
 
 
-def _resilience(plan, **in_job) -> rr.ResilienceConfig:
+def _resilience(plan, progress_interval_s: float = 0.25, **in_job) -> rr.ResilienceConfig:
+    in_job.setdefault("heartbeat_timeout_s", 10.0)
     return rr.ResilienceConfig(
         in_process=rr.InProcessConfig(interrupt_timeout_s=2.0),
-        in_job=rr.InJobConfig(heartbeat_timeout_s=10.0, **in_job), fault_plan=plan,
+        in_job=rr.InJobConfig(**in_job), fault_plan=plan, progress_interval_s=progress_interval_s,
         step_timeout_s=3.0, first_step_timeout_s=60.0)
 
 
@@ -60,11 +61,15 @@ def test_native_hang_escalates_to_respawn_onto_a_warm_spare(clean, token_data_di
 
 @pytest.mark.timeout(240)
 def test_policy_all_replaces_every_rank(clean, token_data_dir, tmp_path):
+    """Also with a 1 s heartbeat timeout: ranks send heartbeats while they finish their start-up
+    warm-up (before, the two new ranks' prewarm, 1-2 s here, read as silence: "unresponsive"
+    at every start until the restart limit)."""
     plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="sigkill")])
     result = workload.fit(token_data_dir, str(tmp_path), "all", max_steps=STEPS,
-                          resilience=_resilience(plan, policy="all"))
+                          resilience=_resilience(plan, policy="all", heartbeat_timeout_s=1.0,
+                                                 progress_interval_s=0.1))
     assert result.ok, result.error
-    assert [f["respawned"] for f in result.faults] == [[0, 1]]  # the survivor too
+    assert [f["respawned"] for f in result.faults] == [[0, 1]]  # the survivor too, no other fault
     assert [v["attempt"] for v in result.return_values] == [1, 1]
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])

@@ -149,27 +149,34 @@ class Worker:
     def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
         """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
         t0 = time.time()
-        self._wait_released()
-        released = {"phase": "release_groups", "t_start": t0, "t_end": time.time()}
-        with self._setup_lock:
-            if not self._frozen:  # imports are done: keep them out of every later gc pass
-                freeze_startup_objects()
-                self._frozen = True
-        self._attempt = spec.attempt
-        self._uses_gpu = spec.use_gpu
-        self._in_rendezvous = False
-        self._interrupted.clear()
-        self._ensure_checkpointer(spec)
-        session = _Session(self._context(spec), checkpointer=self._checkpointer,
-                           faults=self._fault_hook(spec))
-        session.events.append(released)
-        box: dict[str, Any] = {}
+        session = _Session(self._context(spec), faults=self._fault_hook(spec))
         forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
                                       attempt=spec.attempt, interval_s=spec.progress_interval_s)
+        # Heartbeats start now: a rank still releasing the last attempt's groups or finishing its
+        # prewarm (seconds on a busy node) is alive, not silent (seen here: a 3 s heartbeat
+        # timeout declared a rank in its prewarm unresponsive at a run's start).
+        forwarder.start()
+        try:
+            self._wait_released()
+            with session.lock:  # the forwarder drains events meanwhile
+                session.events.append({"phase": "release_groups", "t_start": t0, "t_end": time.time()})
+            with self._setup_lock:
+                if not self._frozen:  # imports are done: keep them out of every later gc pass
+                    freeze_startup_objects()
+                    self._frozen = True
+            self._attempt = spec.attempt
+            self._uses_gpu = spec.use_gpu
+            self._in_rendezvous = False
+            self._interrupted.clear()
+            self._ensure_checkpointer(spec)
+        except BaseException:
+            forwarder.stop()
+            raise
+        session.checkpointer = self._checkpointer
+        box: dict[str, Any] = {}
         self._thread = threading.Thread(
             target=self._train_thread, args=(spec, session, box),
             name=f"rr-train-r{spec.rank}-a{spec.attempt}", daemon=True)
-        forwarder.start()
         self._thread.start()
         self._thread.join()
         metrics, step, step_time, saves, events = forwarder.stop()
