@@ -43,10 +43,10 @@ class CommitCoordinator:
         self._queue = CommitQueue()
         self._failed: dict[tuple[str, int], dict[int, str]] = {}
         self._committed = commit.committed_steps(storage)
-        self._holders: dict[layout.StepDir, dict[int, str]] = {}
-        """Per committed step: the writer holding each rank's shard in memory."""
-        self._replicas: dict[layout.StepDir, dict[int, list[str]]] = {}
-        """Per committed step: writers that reported a replica of each rank's shard."""
+        self._holders: dict[layout.StepDir, dict[int, list[str]]] = {}
+        """Per committed step and rank: the writer that wrote the shard, then those asked to keep
+        a replica (`CheckpointConfig.memory_replicas`; a writer that could not says so when a
+        rank asks it, see `CheckpointWriter.memory_entry`)."""
         self._commit_seq = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self._counts = collections.Counter()
@@ -180,24 +180,18 @@ class CommitCoordinator:
         now = time.time()
         with self._lock:
             self._committed.insert(0, step_dir)
-            holders = self._holders[step_dir] = {rank: writer_id
-                                                 for rank, (writer_id, _, _) in reports.items()}
+            holders = self._holders[step_dir] = {
+                rank: [writer_id, *self._pool.replica_holders(writer_id, self.config.memory_replicas)]
+                for rank, (writer_id, _, _) in reports.items()}
             self._latencies.append(now - min(staged_at for _, staged_at, _ in reports.values()))
             self._counts["committed"] += 1
             self._commit_seq += 1
             seq = self._commit_seq
         logger.info("checkpoint step %d committed (%s)", step_dir.step, self.storage.display(step_dir.name))
-        replicas = {rank: self._pool.replica_holders(writer_id, self.config.memory_replicas)
-                    for rank, writer_id in holders.items()} if self.config.memory_replicas else {}
+        replicas = {rank: [h for h in map(self._pool.handle, ids[1:]) if h is not None]
+                    for rank, ids in holders.items()}
         self._pool.broadcast_commit(step_dir.session, step_dir.step, seq, replicas)
         self._prune()
-
-    def replica_held(self, session: str, step: int, rank: int, writer_id: str) -> None:
-        """A writer keeps a replica of `rank`'s shard of committed (session, step)."""
-        step_dir = layout.StepDir(step, session)
-        with self._lock:
-            if step_dir in self._holders:  # not pruned meanwhile
-                self._replicas.setdefault(step_dir, {}).setdefault(rank, []).append(writer_id)
 
     def _prune(self) -> None:
         try:
@@ -209,7 +203,6 @@ class CommitCoordinator:
             with self._lock:
                 self._committed = commit.committed_steps(self.storage)
                 self._holders = {d: h for d, h in self._holders.items() if d in self._committed}
-                self._replicas = {d: r for d, r in self._replicas.items() if d in self._committed}
         except Exception as exc:  # noqa: BLE001 - cleanup is retried after the next commit
             logger.warning("checkpoint cleanup under %s failed (retried later): %s",
                            self.storage.display(), exc)
@@ -221,11 +214,8 @@ class CommitCoordinator:
         in memory: the one that wrote it first, then those holding replicas."""
         with self._lock:
             committed = list(self._committed)
-            ids = {d: [h[rank]] if rank in h else [] for d, h in self._holders.items()}
-            for d, replicas in self._replicas.items():
-                ids.setdefault(d, []).extend(replicas.get(rank, ()))
-            holders = {d: [w for w in map(self._pool.handle, found) if w is not None]
-                       for d, found in ids.items()}
+            holders = {d: [w for w in map(self._pool.handle, h.get(rank, ())) if w is not None]
+                       for d, h in self._holders.items()}
         return committed, {d: w for d, w in holders.items() if w}
 
     def latest_committed_step(self) -> int | None:

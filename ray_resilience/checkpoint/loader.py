@@ -3,9 +3,9 @@
 Called by `RankCheckpointer.load` on the training thread of every rank. Candidates are the
 committed steps, newest first, as the coordinator knows them (rank 0's list is used by all). For
 each candidate every rank loads its part, from its writer's memory when the shard layout matches
-(or from a writer holding a replica, when that one is gone), else from storage with every file checked against the manifest; then the ranks agree (all
-succeeded?) and either apply the state or fall back to the next older step, with a warning that
-names the file.
+(or from a writer holding a replica, when that one is gone), else from storage with every file
+checked against the manifest; then the ranks agree (all succeeded?) and either apply the state
+or fall back to the next older step, with a warning that names the file.
 """
 
 from __future__ import annotations

@@ -123,7 +123,6 @@ class MemoryEntry:
     items: list[WriteItem]
     boxed: list[Any]
     nbytes: int
-    rank: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -178,7 +178,7 @@ class CheckpointWriter:
         """The coordinator committed (session, step), its `seq`-th commit: its shards become the
         memory tier, older shards, memory entries and replicas are dropped; each promoted shard
         goes to the writers `replica_holders` names for its rank."""
-        promoted: list[MemoryEntry] = []
+        promoted: list[tuple[int, MemoryEntry]] = []
         with self._cond:
             if seq < self._commit_seq:
                 return  # a newer commit was applied first
@@ -192,13 +192,12 @@ class CheckpointWriter:
                     del self._shards[key]
                     entry = self._promote(shard)
                     if entry is not None:
-                        promoted.append(entry)
+                        promoted.append((shard.ticket.rank, entry))
                 elif shard.durable and (key[0] != session or key[1] < step):
                     del self._shards[key]
-        for entry in promoted:
-            for holder in (replica_holders or {}).get(entry.rank, ()):
-                holder.hold_replica.remote(entry.rank, session, step, seq, dumps(entry.items),
-                                           entry.boxed)
+        for rank, entry in promoted:
+            for holder in (replica_holders or {}).get(rank, ()):
+                holder.hold_replica.remote(rank, session, step, seq, dumps(entry.items), entry.boxed)
                 self._counts["replicas_sent"] += 1
 
     def _promote(self, shard: _Shard) -> MemoryEntry | None:
@@ -211,8 +210,7 @@ class CheckpointWriter:
                         shard.ticket.step, shard.nbytes, self._budget)
             return None
         entry = self._memory[rank] = MemoryEntry(shard.ticket.session, shard.ticket.step,
-                                                 shard.ticket.items, shard.boxed, shard.nbytes,
-                                                 rank=rank)
+                                                 shard.ticket.items, shard.boxed, shard.nbytes)
         return entry
 
     def _fits(self, rank: int, nbytes: int, into: dict[int, MemoryEntry]) -> bool:
@@ -227,7 +225,7 @@ class CheckpointWriter:
                      boxed: list[Any]) -> bool:
         """Keeps a copy of `rank`'s shard of committed (session, step) that another writer holds
         in `boxed[0]`: copied into an object this writer owns (it must outlive the sender), then
-        reported to the coordinator. False when a newer commit came first, the budget is full
+        answered from `memory_entry`. False when a newer commit came first, the budget is full
         or the sender is gone."""
         try:
             entry_items = self._warm.loads(items)
@@ -245,9 +243,8 @@ class CheckpointWriter:
                 self._counts["replicas_refused"] += 1
                 return False
             self._commit_seq = seq  # this commit's broadcast may not have run here yet
-            self._replicas[rank] = MemoryEntry(session, step, entry_items, [own], nbytes, rank=rank)
+            self._replicas[rank] = MemoryEntry(session, step, entry_items, [own], nbytes)
             self._counts["replicas_held"] += 1
-        self._coordinator.replica_held.remote(session, step, rank, self.writer_id)
         return True
 
     def memory_entry(self, rank: int, session: str, step: int) -> MemoryEntry | None:

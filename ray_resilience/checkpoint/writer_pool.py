@@ -126,7 +126,7 @@ class WriterPool:
                     return slot.handle
         return None
 
-    def replica_holders(self, writer_id: str, count: int) -> list[Any]:
+    def replica_holders(self, writer_id: str, count: int) -> list[str]:
         """Up to `count` writers other than `writer_id` to keep replicas of its shards: writers
         on other nodes first (a lost node then loses no replica with it), then other writers on
         the same node (they outlive a writer process's death)."""
@@ -140,7 +140,7 @@ class WriterPool:
         order = sorted(others, key=lambda s: (s.node_id == own.node_id,
                                               (s.node_id, s.index) < (own.node_id, own.index),
                                               s.node_id, s.index))
-        return [s.handle for s in order[:count]]
+        return [s.writer_id for s in order[:count]]
 
     def broadcast_commit(self, session: str, step: int, seq: int,
                          replica_holders: dict[int, list[Any]]) -> None:
