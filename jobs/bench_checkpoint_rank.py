@@ -1,5 +1,6 @@
 """One rank of the checkpoint benchmark (`bench_checkpoint.py`): FSDP2 LLaMA on gloo, trained
-with one checkpoint method at a time. Every method saves the same sharded model + AdamW state.
+with one checkpoint method at a time. Every method saves the same sharded model + AdamW state
+and the same extra state (the step and the rank's RNG state), built inside the timed call.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ def _local(value: Any) -> Any:
     return value
 
 
+def _extra(step: int) -> dict[str, Any]:
+    return {"step": step, "rng": torch.get_rng_state()}
+
+
+def _full_state(rank: Any, step: int) -> dict[str, Any]:
+    return {**state_dict_of(rank.model, rank.optimizer), "extra": _extra(step)}
+
+
 class _Saver:
     """Sync methods: the whole save blocks; the latency is the blocking time."""
 
@@ -42,7 +51,7 @@ class _Saver:
 class TorchSave(_Saver):
     def save(self, step: int) -> None:
         start = time.perf_counter()
-        state = _local(state_dict_of(self.rank.model, self.rank.optimizer))
+        state = _local(_full_state(self.rank, step))
         with open(os.path.join(self.folder, f"rank{self.rank.rank}.pt"), "wb") as f:
             torch.save(state, f)
             f.flush()
@@ -53,7 +62,7 @@ class TorchSave(_Saver):
 class DcpSync(_Saver):
     def save(self, step: int) -> None:
         start = time.perf_counter()
-        dcp.save(state_dict_of(self.rank.model, self.rank.optimizer), checkpoint_id=self.folder)
+        dcp.save(_full_state(self.rank, step), checkpoint_id=self.folder)
         self.latencies.append(time.perf_counter() - start)
 
 
@@ -67,7 +76,7 @@ class DcpAsync(_Saver):
     def save(self, step: int) -> None:
         self.finish()
         started = time.perf_counter()
-        self.future = dcp.async_save(state_dict_of(self.rank.model, self.rank.optimizer),
+        self.future = dcp.async_save(_full_state(self.rank, step),
                                      checkpoint_id=self.folder, process_group=self.rank.ckpt_group)
         self.future.add_done_callback(lambda _: self.latencies.append(time.perf_counter() - started))
         self.held_bytes = self.rank.state_bytes()  # the default stager keeps a full CPU copy
@@ -81,7 +90,7 @@ class DcpAsync(_Saver):
 class Ours(_Saver):
     def save(self, step: int) -> None:
         self.rank.ckpt.save(step, model=self.rank.model, optimizer=self.rank.optimizer,
-                            extra={"step": step, "rng": torch.get_rng_state()})
+                            extra=_extra(step))
 
     def finish(self) -> None:
         self.rank.ckpt.wait_idle(600)

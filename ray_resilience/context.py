@@ -125,7 +125,7 @@ def report(metrics: dict[str, Any], *, step: int, checkpoint: CheckpointState | 
     """Records that `step` completed with `metrics`; saves a checkpoint on checkpoint steps.
 
     Call once per step, after the optimizer step. Returns after a queue append (and, on
-    checkpoint steps, after the shard's buffers are copied; for a rank state of 8 MiB or more,
+    checkpoint steps, after the shard's buffers are copied; for a rank state of 128 KiB or more,
     parameters and optimizer state are copied while the next forward and backward run, and the
     next `optimizer.step()` waits for that copy if it is not done; see `CheckpointConfig.snapshot`).
     """

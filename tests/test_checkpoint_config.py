@@ -126,9 +126,9 @@ def test_snapshot_mode_is_checked(value):
 
 def test_auto_snapshot_copies_small_states_in_sync_and_overlaps_large_ones():
     auto = CheckpointConfig()
-    assert auto.snapshot == "auto" and auto.auto_sync_max_bytes == 8 * 2**20
-    assert not auto.overlaps_copy(2**20, has_optimizer=True)
-    assert auto.overlaps_copy(8 * 2**20, has_optimizer=True)
+    assert auto.snapshot == "auto" and auto.auto_sync_max_bytes == 128 * 2**10
+    assert not auto.overlaps_copy(64 * 2**10, has_optimizer=True)
+    assert auto.overlaps_copy(128 * 2**10, has_optimizer=True)
     assert not auto.overlaps_copy(2**30, has_optimizer=False)  # nothing holds the writes
     assert CheckpointConfig(snapshot="overlap").overlaps_copy(1, has_optimizer=True)
     assert not CheckpointConfig(snapshot="sync").overlaps_copy(2**30, has_optimizer=True)

@@ -73,6 +73,19 @@ def test_extra_round_trips_values_and_tensors_exactly():
     torch.set_rng_state(back["rng"])  # usable as an RNG state
 
 
+def test_extra_tensors_are_copied_in_c_order_at_encode_time():
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    odd = {"t": base.t(), "grad": torch.ones(2, requires_grad=True), "mask": torch.tensor([True, False]),
+           "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(), "scalar": torch.tensor(7, dtype=torch.int16)}
+    data = encode_extra(odd)
+    base.add_(100)  # a change after the save returned must not reach it
+    back = decode_extra(data, path="x")
+    assert torch.equal(back["t"], torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
+    assert torch.equal(back["grad"], torch.ones(2)) and not back["grad"].requires_grad
+    assert torch.equal(back["mask"], odd["mask"]) and back["scalar"].shape == () and int(back["scalar"]) == 7
+    assert torch.equal(back["conj"], torch.tensor([1 - 2j, 3 + 1j]))
+
+
 @pytest.mark.parametrize("value, key", [
     ({"data": {"pos": np.int64(3)}}, "data.pos"),
     ({"x": object()}, "x"),

@@ -21,7 +21,7 @@ DELAY_S = 0.6
 
 @pytest.fixture
 def ranks_with_slow_copy(ray_session, tmp_path, request):
-    # "overlap" explicitly: under the default "auto" the tiny model's state is copied in sync.
+    # "overlap" explicitly (the default "auto" also overlaps the tiny model's 0.75 MB per rank).
     config = {"snapshot": "overlap", **getattr(request, "param", {})}
     service, ranks = start_with(lambda: start_service(str(tmp_path), 2, **config), copy_delay_s=DELAY_S)
     on_all(ranks, "train", 2, save=False)
@@ -60,8 +60,9 @@ def test_in_place_write_during_the_copy_drops_the_save_and_keeps_the_last_commit
     assert_same(before, on_all(ranks, "full_state")[0])
 
 
-# "auto": the tiny model's state (~0.75 MB per rank) is below auto_sync_max_bytes, so sync.
-@pytest.mark.parametrize("ranks_with_slow_copy", [{"snapshot": "sync"}, {"snapshot": "auto"}],
+# "auto" with the tiny model's state (~0.75 MB per rank) below auto_sync_max_bytes: sync.
+@pytest.mark.parametrize("ranks_with_slow_copy", [{"snapshot": "sync"},
+                                                  {"snapshot": "auto", "auto_sync_max_bytes": 8 * 2**20}],
                          indirect=True)
 def test_sync_snapshot_is_exact_even_under_in_place_writes(ranks_with_slow_copy):
     service, ranks = ranks_with_slow_copy

@@ -63,9 +63,11 @@ class Copier:
     """The background copies of one rank. Shares the pipeline's condition variable; `done` is
     called (under it) when a slot's copy is complete, with the torn tensor's name or None."""
 
-    def __init__(self, *, rank: int, cond: threading.Condition, stats: RankSaveStats,
-                 done: Any, delay_s: float = 0.0) -> None:
+    def __init__(self, *, rank: int, cond: threading.Condition, wake: threading.Condition,
+                 stats: RankSaveStats, done: Any, delay_s: float = 0.0) -> None:
         self.rank, self._cond, self._stats, self._done, self._delay_s = rank, cond, stats, done, delay_s
+        self._wake = wake
+        """Shares `cond`'s lock; only the copy thread waits on it (a new job, or close)."""
         self._jobs: collections.deque[CopyJob] = collections.deque()
         self._running = 0
         self._gpu_jobs: list[CopyJob] = []
@@ -88,7 +90,7 @@ class Copier:
             self._gpu_jobs.append(job)
             return
         self._jobs.append(job)
-        self._cond.notify_all()
+        self._wake.notify()
 
     def guard(self, optimizer: torch.optim.Optimizer) -> None:
         """Makes `optimizer.step` wait for copies in flight (once per optimizer)."""
@@ -134,6 +136,7 @@ class Copier:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._wake.notify_all()
         self._thread.join(timeout=30)
         self.unguard_all()
 
@@ -143,7 +146,7 @@ class Copier:
         while True:
             with self._cond:
                 while not self._jobs and not self._closed:
-                    self._cond.wait()
+                    self._wake.wait()
                 if self._closed:
                     return
                 job = self._jobs.popleft()

@@ -31,20 +31,18 @@ def encode_extra(extra: dict[str, Any]) -> bytes:
     """Serializes `extra`; raises CheckpointStateError (a TypeError) naming the offending key."""
     if not isinstance(extra, dict):
         raise CheckpointStateError("<extra>", f"must be a dict, got {type(extra).__name__}")
-    tensors: list[torch.Tensor] = []
+    tensors: list[tuple[str, list[int], bytes]] = []
     values = _encode_dict(extra, "", tensors)
     blobs, table, offset = [], [], 0
-    for tensor in tensors:
-        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        table.append({"dtype": str(tensor.dtype).removeprefix("torch."),
-                      "shape": list(tensor.shape), "offset": offset, "nbytes": len(raw)})
+    for dtype, shape, raw in tensors:
+        table.append({"dtype": dtype, "shape": shape, "offset": offset, "nbytes": len(raw)})
         blobs.append(raw)
         offset += len(raw)
     header = json.dumps({"values": values, "tensors": table}, allow_nan=True).encode()
     return b"".join([MAGIC, _HEADER.pack(len(header)), header, *blobs])
 
 
-def _encode_dict(value: dict, path: str, tensors: list[torch.Tensor]) -> dict:
+def _encode_dict(value: dict, path: str, tensors: list[tuple[str, list[int], bytes]]) -> dict:
     out = {}
     for key, item in value.items():
         where = f"{path}.{key}" if path else str(key)
@@ -54,7 +52,7 @@ def _encode_dict(value: dict, path: str, tensors: list[torch.Tensor]) -> dict:
     return {"D": out}
 
 
-def _encode(value: Any, path: str, tensors: list[torch.Tensor]) -> Any:
+def _encode(value: Any, path: str, tensors: list[tuple[str, list[int], bytes]]) -> Any:
     if isinstance(value, _SCALARS):
         if isinstance(value, int) and not isinstance(value, bool) and type(value) is not int:
             raise CheckpointStateError(path, f"int subclass {type(value).__name__} is not JSON-safe")
@@ -72,7 +70,7 @@ def _encode(value: Any, path: str, tensors: list[torch.Tensor]) -> Any:
               f"keys) or torch tensors; got {type(value).__module__}.{type(value).__qualname__}")
 
 
-def _add_tensor(value: torch.Tensor, path: str, tensors: list[torch.Tensor]) -> int:
+def _add_tensor(value: torch.Tensor, path: str, tensors: list[tuple[str, list[int], bytes]]) -> int:
     if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
         raise CheckpointStateError(path, f"only plain tensors are allowed, got {type(value).__name__} "
                                          "(put sharded state in the model or optimizer)")
@@ -80,8 +78,21 @@ def _add_tensor(value: torch.Tensor, path: str, tensors: list[torch.Tensor]) -> 
     if name not in _DTYPES:
         raise CheckpointStateError(path, f"tensor dtype {value.dtype} is not supported; "
                                          f"use one of {sorted(_DTYPES)}")
-    tensors.append(value.detach().to("cpu", copy=True).contiguous())
+    tensors.append((name, list(value.shape), _raw_bytes(value.detach())))
     return len(tensors) - 1
+
+
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    """The tensor's values in C order, copied now (the save is a snapshot). A CPU tensor goes
+    through one numpy copy (this runs on the training thread at every save: an RNG state is
+    5 KB); bfloat16, conjugate views and device tensors take the torch route."""
+    if tensor.device.type == "cpu" and tensor.dtype is not torch.bfloat16:
+        try:
+            return tensor.numpy().tobytes()
+        except (RuntimeError, TypeError):
+            pass
+    cpu = tensor.to("cpu", copy=True).resolve_conj().contiguous()
+    return cpu.reshape(-1).view(torch.uint8).numpy().tobytes() if cpu.numel() else b""
 
 
 def decode_extra(data: bytes | memoryview, *, path: str) -> dict[str, Any]:

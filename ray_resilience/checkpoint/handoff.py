@@ -70,9 +70,15 @@ class HandoffPipeline:
     def __init__(self, *, rank: int, world_size: int, config: CheckpointConfig, link: WriterLink,
                  stats: RankSaveStats, copy_delay_s: float = 0.0) -> None:
         self.rank, self.world_size, self.config, self.link, self.stats = rank, world_size, config, link, stats
-        self.cond = threading.Condition()
+        # One lock, several conditions: each background thread waits on its own, so a save
+        # wakes only the thread that has work (on a busy core every needless wake-up is a
+        # context switch and a GIL hand-off the training thread pays for).
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        self._handed_cond = threading.Condition(lock)
         self.pool = SlotPool()
-        self.copier = Copier(rank=rank, cond=self.cond, stats=stats, done=self._copied, delay_s=copy_delay_s)
+        self.copier = Copier(rank=rank, cond=self.cond, wake=threading.Condition(lock), stats=stats,
+                             done=self._copied, delay_s=copy_delay_s)
         self.session: str | None = None
         self.writing: SaveTicket | None = None
         self._rounds: collections.deque[_Round] = collections.deque()
@@ -127,11 +133,10 @@ class HandoffPipeline:
         slot.buffers.copy_now(source.tensors, [i for i in range(len(source.tensors)) if i not in later])
         with self.cond:
             self._rounds.append(rnd)
-            if later:
+            if later:  # wakes the copier alone; its completion wakes the rounds thread
                 self.copier.submit(new_job(slot, source.tensors, sorted(later), source.holders, source.names))
             else:
                 self._copied(slot, None)
-            self.cond.notify_all()
         self.stats.counts["staged"] += 1
         return True
 
@@ -169,6 +174,7 @@ class HandoffPipeline:
         with self.cond:
             self._closed = True
             self.cond.notify_all()
+            self._handed_cond.notify_all()
         self.copier.close()
         for thread in self._threads:
             thread.join(timeout=_POLL_S + VOTE_WAIT_S + 5.0)
@@ -292,7 +298,7 @@ class HandoffPipeline:
             return
         with self.cond:
             self._handed.append(ticket)
-            self.cond.notify_all()
+            self._handed_cond.notify()
 
     def _receive(self, ticket: SaveTicket, boxed: list) -> ShardOutcome | None:
         """Gives the writer the object; None when it took it, else the failed outcome."""
@@ -316,7 +322,7 @@ class HandoffPipeline:
         while True:
             with self.cond:
                 while not self._closed and not self._handed:
-                    self.cond.wait()
+                    self._handed_cond.wait()
                 if self._closed:
                     return
                 ticket = self._handed.popleft()

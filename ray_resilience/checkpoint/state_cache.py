@@ -77,15 +77,23 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def _ptr(t: Any) -> int:
-    return (t._local_tensor if type(t) is DTensor or isinstance(t, DTensor) else t).data_ptr()
+def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every module once, breadth first (`model.modules()` costs 3x more: a generator per
+    module and a memo of names)."""
+    found, seen = [model], {id(model)}
+    for module in found:  # appended to while walked
+        for child in module._modules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                found.append(child)
+    return found
 
 
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[tuple, list]:
     """(fingerprint, objects it names). Equal fingerprints while the objects are pinned mean the
     same tensors in the same storage. Built with C-level iteration where it can be: it runs at
-    every save (0.1-0.2 ms for 100-300 tensors)."""
-    modules = list(model.modules())
+    every save (60-70 us for 100 tensors in a quiet process, 3-4x that right after a step)."""
+    modules = _modules(model)
     objects: list[Any] = [t for mod in modules for t in mod._parameters.values()]
     objects += [t for mod in modules for t in mod._buffers.values()]
     settings: list[tuple] = []
@@ -100,7 +108,9 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None)
                 if entry:  # a new or replaced state value changes the ids below
                     objects += entry.values()
     ids = tuple(map(id, objects))
-    ptrs = tuple(_ptr(t) for t in objects if isinstance(t, torch.Tensor))
+    # Storage addresses catch `.data = ...` (same object, new storage); inline, no call per tensor.
+    ptrs = tuple([(t._local_tensor if isinstance(t, DTensor) else t).data_ptr()
+                  for t in objects if isinstance(t, torch.Tensor)])
     objects += (model, optimizer)
     return (id(model), id(optimizer), ids, ptrs, tuple(settings)), objects
 
