@@ -206,6 +206,11 @@ class InJobConfig:
     """Warm spare actors started ahead of time, so a replacement skips process start-up (a
     used spare is replaced once the recovery has completed a step; it is warm 4-5 s later on a
     small CPU node). Size it to the faults expected within that time."""
+    num_prestarted_workers: int = 1
+    """Bare Ray worker processes (no torch, no resources, no rank state) Ray keeps booted on each
+    node hosting ranks (asked for once the run completed its first step, and again right after
+    each respawn): a rank respawned without a spare then skips the process boot (0.4-0.6 s
+    here). 0: off."""
     heartbeat_timeout_s: float = 10.0
     """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0
@@ -225,6 +230,8 @@ class InJobConfig:
         _check("InJobConfig.max_attempts_without_progress", self.max_attempts_without_progress, 1,
                "must be an integer >= 1.", integer=True)
         _check("InJobConfig.num_spares", self.num_spares, 0, "must be an integer >= 0.", integer=True)
+        _check("InJobConfig.num_prestarted_workers", self.num_prestarted_workers, 0,
+               "must be an integer >= 0 (0: no prestarted worker processes).", integer=True)
         _check("InJobConfig.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.5,
                "must be >= 0.5 s (several progress intervals).")
         _check("InJobConfig.replacement_timeout_s", self.replacement_timeout_s, 1.0, "must be >= 1 s.")

@@ -47,8 +47,10 @@ def test_native_hang_escalates_to_respawn_onto_a_warm_spare(clean, token_data_di
     freed bundle, and it takes over rank 1 again at a SIGKILL later on."""
     plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="native_hang"),
                                   rr.Fault(step=10, rank=1, kind="sigkill")])
+    # No prestarted Ray workers: the oracle below is the process's creation time, and a
+    # prestarted process the new spare may take was created before the hang.
     result = workload.fit(token_data_dir, str(tmp_path), "native", max_steps=STEPS, sleep_s=0.3,
-                          resilience=_resilience(plan, num_spares=1))
+                          resilience=_resilience(plan, num_spares=1, num_prestarted_workers=0))
     assert result.ok, result.error
     assert [(f["cause"], f["respawned"]) for f in result.faults] == [("hang", [1]), ("actor_died", [1])]
     assert all(f.recovery_s is not None for f in result.goodput.faults)

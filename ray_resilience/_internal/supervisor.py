@@ -144,9 +144,10 @@ class Supervisor:
 
     def _on_starting(self) -> None:
         me = ray.get_runtime_context().current_actor
-        spares = self.cfg.in_job.num_spares if self.cfg.in_job is not None else 0
+        in_job = self.cfg.in_job
         self.group = WorkerGroup(self._scaling, self._train_fn, self._train_config, me,
-                                 self._env_vars, num_spares=spares)
+                                 self._env_vars, num_spares=in_job.num_spares if in_job else 0,
+                                 num_prestarted=in_job.num_prestarted_workers if in_job else 0)
         t0 = time.time()
         self.group.reserve(self.cfg.placement_timeout_s)
         self._startup_phase("placement", t0)
@@ -220,6 +221,7 @@ class Supervisor:
     def _on_running(self) -> None:
         self._poll_commits()
         self._maybe_replenish_spares()
+        self._maybe_prestart()
         fault = detection.poll(self)
         if fault is not None:
             self._on_fault(fault)
@@ -237,6 +239,15 @@ class Supervisor:
         if self.record.reached_by_attempt.get(self.attempt) is not None \
                 or time.time() - launched >= SPARE_REPLENISH_MAX_DELAY_S:
             group.replenish_spares(self.excluded_nodes)
+
+    def _maybe_prestart(self) -> None:
+        """Idle Ray workers on the nodes where the run started (or a new spare took one), once
+        the attempt completed a step: booting them earlier takes CPU from the ranks' start.
+        A respawn asks at once (`WorkerGroup.replace`)."""
+        group = self.group
+        if group is not None and group.prestart_pending \
+                and self.record.reached_by_attempt.get(self.attempt) is not None:
+            group.prestart()
 
     def _poll_commits(self, *, force: bool = False) -> None:
         """Notes newly committed checkpoints in the timeline (a cheap call, at most 4 per second)."""

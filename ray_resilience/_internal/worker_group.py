@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray_resilience.config import ScalingConfig
 from ray_resilience._internal.bundles import Bundle, Bundles
 from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
+from ray_resilience._internal.prestart import WorkerPrestarter
 from ray_resilience._internal.worker_actor import WorkerActor
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,8 @@ class WorkerGroup:
     """Owns the ranks' bundles (see `bundles.py`) and one actor per rank."""
 
     def __init__(self, scaling: ScalingConfig, train_fn: bytes, train_config: Any,
-                 supervisor: Any, env_vars: dict[str, str], num_spares: int = 0) -> None:
+                 supervisor: Any, env_vars: dict[str, str], num_spares: int = 0,
+                 num_prestarted: int = 0) -> None:
         self.scaling, self.num_spares = scaling, num_spares
         self._train_fn, self._train_config = train_fn, train_config
         self._supervisor, self._env_vars = supervisor, env_vars
@@ -35,6 +37,11 @@ class WorkerGroup:
         self._spare_bundles: list[Bundle] = []
         """Bundles spares left by taking over ranks, until `replenish_spares` fills them."""
         self._reserved: list[Bundle] = []
+        # Prestarted workers match only the job's runtime env: not actors given env vars.
+        self.prestarter = WorkerPrestarter(num_prestarted, enabled=not env_vars)
+        self._prestart_nodes: set[str] = set()
+        """Nodes where an actor was created since the last prestart request (it may have taken
+        the idle worker there)."""
 
     @property
     def world_size(self) -> int:
@@ -88,7 +95,19 @@ class WorkerGroup:
         actor.prewarm.remote()
         self.spares.append((actor, bundle, actor.info.remote()))
 
+    @property
+    def prestart_pending(self) -> bool:
+        return self.prestarter.enabled and bool(self._prestart_nodes)
+
+    def prestart(self) -> None:
+        """Asks the nodes where actors were created since the last call for idle workers."""
+        nodes, self._prestart_nodes = self._prestart_nodes, set()
+        self.prestarter.request(nodes)
+
     def _new_actor(self, bundle: Bundle) -> Any:
+        node = self.bundles.node_of(bundle)
+        if node is not None:
+            self._prestart_nodes.add(node)
         scaling = self.scaling.bundle
         options: dict[str, Any] = {
             "num_cpus": scaling.get("CPU", 0), "num_gpus": scaling.get("GPU", 0),
@@ -190,6 +209,9 @@ class WorkerGroup:
         missing = sorted(set(refs.values()) | set(unplaced))
         for rank in missing:
             self.kill(rank)
+        # Now, not once the recovery completed a step: the next fault may come sooner, and the
+        # boot overlaps the recovery's own work on cores the waiting survivors leave idle.
+        self.prestart()
         return missing
 
     def _start_in_bundle(self, rank: int, refs: dict[Any, int]) -> None:

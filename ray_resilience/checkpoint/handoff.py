@@ -126,15 +126,17 @@ class HandoffPipeline:
                                      world_size=self.world_size, items=source.items, owned=[],
                                      planner_data=source.planner_data, staged_at=time.time())
             slot.state, slot.blobs, slot.extra = SlotState.COPYING, source.blobs, extra
-        # The round is queued after the synchronous part of the copy, with one wake-up of the
-        # background threads: they could do nothing with it before (a slot is voted on only once
-        # its copy is complete), and waking them while this thread copies cost it GIL hand-offs.
-        later = set() if copy_all_now else set(source.overlap)
-        slot.buffers.copy_now(source.tensors, [i for i in range(len(source.tensors)) if i not in later])
+        # The round is queued after the synchronous part of the copy, waking one thread: the
+        # copier, or (all copied) the rounds thread. None could do anything with it before (a
+        # slot is voted on only once its copy is complete), and waking them while this thread
+        # copies cost it GIL hand-offs.
+        later = [] if copy_all_now else source.overlap
+        now = list(range(len(source.tensors))) if copy_all_now else source.immediate
+        slot.buffers.copy_now(source.tensors, now)
         with self.cond:
             self._rounds.append(rnd)
             if later:  # wakes the copier alone; its completion wakes the rounds thread
-                self.copier.submit(new_job(slot, source.tensors, sorted(later), source.holders, source.names))
+                self.copier.submit(new_job(slot, source.tensors, later, source.holders, source.names))
             else:
                 self._copied(slot, None)
         self.stats.counts["staged"] += 1

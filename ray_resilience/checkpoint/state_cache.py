@@ -42,6 +42,8 @@ class SaveSource:
     overlap: list[int]
     """Indices into `tensors` only the optimizer step changes (parameters, optimizer state):
     these may be copied after `save` returns. The rest (buffers) are copied before."""
+    immediate: list[int]
+    """The other indices, in order: copied before `save` returns in every snapshot mode."""
     blobs: list[bytes]
     tensor_bytes: int
     """Bytes of this rank's tensor items (what a snapshot copies)."""
@@ -66,6 +68,7 @@ class _Entry:
     names: list[str]
     holders: list[torch.Tensor]
     overlap: list[int]
+    immediate: list[int]
     getters: list[tuple[int, str] | None] | None
     """Per byte item: (group index, setting) to re-read, or None for a constant; None: no fast path."""
     constant_blobs: list[bytes]
@@ -147,7 +150,8 @@ class StateCache:
     def _source(entry: _Entry, blobs: list[bytes]) -> SaveSource:
         plan = entry.plan
         return SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys, entry.tensors,
-                          entry.names, entry.holders, entry.overlap, blobs, plan.tensor_bytes)
+                          entry.names, entry.holders, entry.overlap, entry.immediate, blobs,
+                          plan.tensor_bytes)
 
     def _build(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, fp: tuple,
                pinned: list) -> tuple[_Entry, list[bytes]]:
@@ -161,10 +165,11 @@ class StateCache:
         others = {_storage(t): t for t in model.buffers()}
         holders = [_holder(t, stepped, others) for t in tensors]
         overlap = [i for i, t in enumerate(tensors) if _storage(t) in stepped]
+        immediate = sorted(set(range(len(tensors))) - set(overlap))
         getters, constants = _byte_getters(state, plan.items, optimizer, blobs)
         byte_fqns = [i.index.fqn for i in plan.items if not is_tensor_item(i)]
         entry = _Entry(fp, pinned, plan, tensors, [i.index.fqn for i in tensor_items], holders,
-                       overlap, getters, constants, byte_fqns)
+                       overlap, immediate, getters, constants, byte_fqns)
         return entry, blobs
 
 
