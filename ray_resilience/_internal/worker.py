@@ -109,12 +109,13 @@ class Worker:
 
             import ray_resilience.checkpoint.rank_checkpointer  # noqa: F401
 
-            # The import-time objects (~240k) are frozen before the warm-up, so neither the
-            # warm-up's teardown nor the second freeze walks them again (one full collection
-            # instead of two: 0.15-0.25 s less before a new rank's first attempt here).
-            freeze_startup_objects()
+            # The import-time objects (~300k) are frozen before the warm-up without a full
+            # collection first, so no pass walks them on a new rank's way to its first attempt
+            # (two full passes before, 0.3-0.4 s here); the warm-up's teardown collects what it
+            # made, and what its lazy imports left alive is frozen after it.
+            freeze_startup_objects(collect=False)
             _warm_fsdp(self.free_port())
-            freeze_startup_objects()  # what the warm-up's lazy imports left alive
+            freeze_startup_objects(collect=False)
             self._frozen = True
 
     def health(self) -> str | None:
