@@ -88,9 +88,13 @@ class Copier:
             job.event = job.slot.buffers.copy_on_stream(job.tensors, job.which, self._stream)
             job.slot.event = job.event
             self._gpu_jobs.append(job)
+            # No copy thread finishes a GPU job: the rounds thread settles it on the event
+            # (or the next optimizer step's guard does), so it must hear of the new round now;
+            # a last save followed by no optimizer step would otherwise never be voted on.
+            self._cond.notify_all()
             return
         self._jobs.append(job)
-        self._wake.notify()
+        self._wake.notify()  # the copy thread alone; its completion wakes the rounds thread
 
     def guard(self, optimizer: torch.optim.Optimizer) -> None:
         """Makes `optimizer.step` wait for copies in flight (once per optimizer)."""
