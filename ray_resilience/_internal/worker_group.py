@@ -39,6 +39,9 @@ class WorkerGroup:
         self._reserved: list[Bundle] = []
         # Prestarted workers match only the job's runtime env: not actors given env vars.
         self.prestarter = WorkerPrestarter(num_prestarted, enabled=not env_vars)
+        if num_prestarted and env_vars:
+            log.debug("no prestarted workers: the ranks' actors carry their own runtime env "
+                      "(env vars %s), which Ray's prestarted workers do not have", sorted(env_vars))
         self._prestart_nodes: set[str] = set()
         """Nodes where an actor was created since the last prestart request (it may have taken
         the idle worker there)."""
