@@ -68,14 +68,21 @@ def test_raylet_boots_an_idle_worker_that_the_next_actor_takes(ray_session):
 
 def test_disabled_prestarter_sends_nothing(ray_session):
     node = ray.get_runtime_context().get_node_id()
-    assert WorkerPrestarter(0).request([node]) == []
-    assert WorkerPrestarter(1, enabled=False).request([node]) == []
+    for prestarter in (WorkerPrestarter(0), WorkerPrestarter(1, enabled=False)):
+        sent: list[list[str]] = []
+        prestarter._send = sent.append  # what would go to the raylet
+        assert prestarter.request([node]) == [] and sent == [] and prestarter.requested == {}
 
 
-def test_unreachable_raylet_turns_it_off_without_raising(ray_session, monkeypatch):
+def test_unreachable_raylet_turns_it_off_without_raising(ray_session):
+    def refused(nodes: list[str]) -> None:
+        raise OSError("connection refused")
+
     prestarter = WorkerPrestarter(1)
-    monkeypatch.setattr(prestarter, "_send", lambda nodes: (_ for _ in ()).throw(OSError("refused")))
+    prestarter._send = refused
     assert prestarter.request(["some-node"]) == [] and not prestarter.enabled
+    prestarter._send = lambda nodes: pytest.fail("asked again after turning itself off")
+    assert prestarter.request(["some-node"]) == []
 
 
 def test_negative_count_is_a_config_error():
