@@ -91,15 +91,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def young_interval(save_cost_s: float, step_time_s: float, max_steps: int,
                    fault_count: int) -> int:
-    """Young's optimal checkpoint interval sqrt(2 x save cost x MTBF), in steps.
+    """Young's optimal checkpoint interval sqrt(2 x save cost x MTBF), in steps, at most a
+    quarter of the run (the reference's ratio: a run keeps some checkpoint in storage).
 
     The save cost and step time are the mechanism's own, measured in its fault-free run; the
-    mean time between failures is the plan's (max_steps / fault_count steps).
+    mean time between failures is the plan's (max_steps / fault_count steps), counting only
+    faults that roll the mechanism back to its last checkpoint.
     """
+    quarter = max(1, max_steps // 4)
     if fault_count == 0 or step_time_s <= 0:
-        return max_steps
+        return quarter
     mtbf_steps = max_steps / fault_count
-    return max(1, min(max_steps, round(math.sqrt(2 * (save_cost_s / step_time_s) * mtbf_steps))))
+    return max(1, min(quarter, round(math.sqrt(2 * (save_cost_s / step_time_s) * mtbf_steps))))
 
 
 def resolve_intervals(choices: list[str], *, save_cost_s: float, step_time_s: float,
@@ -185,11 +188,14 @@ def bench_mechanism(name: str, base: Workload, args: argparse.Namespace,
         return [row("-", None, ref.status, f"fault-free reference run: {ref.error}")]
     ref_report = compute_goodput(ref.timeline)
     steady = ref_report.steady_step_time_s or 0.0
-    blocking = ref_report.checkpoint_blocking_s / max(1, ref_report.num_checkpoints_saved)
+    blocking = ((ref_report.checkpoint_blocking_s - ref_report.local_snapshot_blocking_s)
+                / max(1, ref_report.num_checkpoints_saved))
     save_cost = _calibrated_save_cost(peer, base, args, ref.timeline, blocking)
+    local_kinds = getattr(peer, "local_restore_kinds", frozenset())
+    rollbacks = sum(1 for f in base.fault_plan if f.kind not in local_kinds)
     intervals = resolve_intervals(args.checkpoint_interval, save_cost_s=save_cost,
                                   step_time_s=steady, max_steps=base.max_steps,
-                                  fault_count=len(base.fault_plan))
+                                  fault_count=rollbacks)
     if not getattr(peer, "uses_checkpoints", True):
         intervals = {"no checkpoints": quarter}  # torchft heals from peers: one run is enough
     references[name] = {"steady_step_time_s": steady, "save_cost_s": save_cost,

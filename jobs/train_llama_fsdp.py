@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory_replicas", type=int, default=0,
                    help="other writers (other nodes first) that also keep each rank's newest "
                         "checkpoint in memory, so ranks of a lost node restore without storage")
+    p.add_argument("--local_interval_steps", type=int, default=1,
+                   help="also snapshot each rank into node-local /dev/shm every N steps, so a "
+                        "restart on the same node redoes at most N steps (0: off)")
+    p.add_argument("--local_max_bytes", type=int, default=64 * 2**20,
+                   help="ranks whose state is larger skip the local snapshots (bytes)")
     p.add_argument("--storage_path", default=os.path.abspath("runs"))
     p.add_argument("--run_name", default="llama-fsdp")
     p.add_argument("--data_dir", default=None, help="Parquet token shards (generated if missing)")
@@ -98,7 +103,9 @@ def build_trainer(args: argparse.Namespace) -> rr.ResilientTrainer:
                                 verbose=not args.quiet),
         resilience=rr.ResilienceConfig.default(
             checkpoint=rr.CheckpointConfig(interval_steps=args.checkpoint_interval,
-                                           memory_replicas=args.memory_replicas)
+                                           memory_replicas=args.memory_replicas,
+                                           local_interval_steps=args.local_interval_steps,
+                                           local_max_bytes=args.local_max_bytes)
             if args.checkpoint_interval else None, fault_plan=plan),
     )
 

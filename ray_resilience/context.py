@@ -142,6 +142,10 @@ def report(metrics: dict[str, Any], *, step: int, checkpoint: CheckpointState | 
             session.open_save = (int(step), blocked)
             if session.faults is not None:
                 session.faults("checkpoint_save", int(step))
+        local = session.checkpointer.take_local_blocking()
+        if local:
+            with session.lock:
+                session.checkpoint_blocking_s.extend((s, b, "local") for s, b in local)
     with session.lock:
         session.pending.append(record)
         session.step, session.step_time = int(step), now

@@ -82,7 +82,9 @@ class GoodputReport:
     infra_goodput: float | None
     full_world_training_s: float
     checkpoint_blocking_s: float
+    """Training-thread time in saves of every tier, local snapshots included."""
     num_checkpoints_saved: int
+    """Saves of committed checkpoints (local snapshots not counted)."""
     num_checkpoints_committed: int
     faults: tuple[FaultRecovery, ...]
     recovery_p50_s: float | None
@@ -91,6 +93,10 @@ class GoodputReport:
     steps_redone_total: int
     aws_checkpoint_efficiency: float | None
     aws_training_goodput: float | None
+    num_local_snapshots: int = 0
+    """Steps written to the local tier (`CheckpointConfig.local_interval_steps`)."""
+    local_snapshot_blocking_s: float = 0.0
+    """The local snapshots' share of `checkpoint_blocking_s`."""
     timeline: RunTimeline | None = dataclasses.field(default=None, compare=False, repr=False)
     """The source timeline (for plotting); not part of `to_dict` unless asked."""
 
@@ -162,13 +168,17 @@ def compute_goodput(
         world_size=timeline.world_size, steady_step_time_s=steady, steady_step_time_source=source,
         training_goodput=None if steady is None else _share(useful_steps * steady, wall),
         infra_goodput=_share(full_world, wall), full_world_training_s=full_world,
-        checkpoint_blocking_s=blocking, num_checkpoints_saved=len(timeline.saves),
+        checkpoint_blocking_s=blocking,
+        num_checkpoints_saved=sum(1 for s in timeline.saves if s.tier != "local"),
         num_checkpoints_committed=len(timeline.commits), faults=faults,
         recovery_p50_s=gm.percentile(recoveries, 50), recovery_p99_s=gm.percentile(recoveries, 99),
         recovery_max_s=max(recoveries, default=None),
         steps_redone_total=sum(f.steps_redone or 0 for f in faults),
         aws_checkpoint_efficiency=None if wall <= 0 else 1.0 - blocking / wall,
-        aws_training_goodput=_share(stepping, wall), timeline=timeline,
+        aws_training_goodput=_share(stepping, wall),
+        num_local_snapshots=sum(1 for s in timeline.saves if s.tier == "local"),
+        local_snapshot_blocking_s=sum(s.blocking_s for s in timeline.saves if s.tier == "local"),
+        timeline=timeline,
     )
 
 

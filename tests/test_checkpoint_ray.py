@@ -18,6 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ray_resilience.checkpoint import CheckpointConfig, CheckpointService
+from ray_resilience.checkpoint.local_tier import node_root
 from ray_resilience.checkpoint.snapshot import state_dict_of
 from ray_resilience.examples.llama import build_model
 from tests.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
@@ -26,6 +27,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def start_service(storage_path: str, world_size: int, run: str = "run", **config) -> CheckpointService:
+    """A service for the harness ranks. The local tier is off unless asked for: these tests are
+    about committed checkpoints, which a newer local snapshot would otherwise shadow on load."""
+    config.setdefault("local_interval_steps", 0)
     node = ray.get_runtime_context().get_node_id()
     return CheckpointService.start(
         storage_path=storage_path, run_name=run, storage_filesystem=None, world_size=world_size,
@@ -98,6 +102,57 @@ def test_respawned_ranks_load_from_writer_memory(two_ranks):
         assert_same(expected, on_all(fresh, "full_state")[0])
     finally:
         stop_ranks(fresh)
+
+
+def test_local_tier_restores_the_newest_step_across_a_respawn_and_falls_back(ray_session, tmp_path):
+    node = ray.get_runtime_context().get_node_id()
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=4,
+                                                      local_interval_steps=1))
+    fresh = []
+    try:
+        on_all(ranks, "train", 4)
+        at_4 = on_all(ranks, "full_state")[0]
+        on_all(ranks, "train", 2)  # committed: step 4; local: steps 5 and 6
+        at_6 = on_all(ranks, "full_state")[0]
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 4)
+        on_all(ranks, "train", 1, save=False)  # step 7 changes everything, no snapshot of it
+        loaded = on_all(ranks, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(6, "local"), (6, "local")]
+        assert loaded[1]["extra"]["note"] == ("rank", 1) and loaded[0]["extra"]["step"] == 6
+        assert_same(at_6, on_all(ranks, "full_state")[0])
+        stats = on_all(ranks, "stats")
+        assert stats[0]["local_snapshots"] == 6 and stats[0]["local_bytes"] > 0
+        assert stats[0]["local_disabled"] is None
+
+        # SIGKILL both processes: the files outlive them, new processes on the node read them.
+        stop_ranks(ranks, kill=True)
+        fresh = start_ranks(service.ensure_writers([node] * 2))
+        loaded = on_all(fresh, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(6, "local"), (6, "local")]
+        assert_same(at_6, on_all(fresh, "full_state")[0])
+
+        # Rank 1's snapshot damaged: no step both ranks hold, so both load the committed step.
+        for name in ("rank1.0", "rank1.1"):
+            path = os.path.join(node_root(service.local_root, node), name)
+            if os.path.exists(path):
+                with open(path, "r+b") as f:
+                    f.write(b"\xff" * 64)
+        loaded = on_all(fresh, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(4, "memory"), (4, "memory")]
+        assert_same(at_4, on_all(fresh, "full_state")[0])
+        root = node_root(service.local_root, node)
+        assert not any(f.startswith("rank0.") and _complete(os.path.join(root, f))
+                       for f in os.listdir(root))  # the abandoned timeline's files
+    finally:
+        stop_ranks(fresh or ranks)
+        service.shutdown()
+    assert not os.path.exists(root)  # the run's writers removed its local folder
+
+
+def _complete(path: str) -> bool:
+    with open(path, "rb") as f:
+        return b'"state":"complete"' in f.read(4096)
 
 
 def test_replica_restores_a_rank_whose_writer_is_gone(ray_session, tmp_path):

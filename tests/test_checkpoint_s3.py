@@ -18,6 +18,7 @@ OUTAGE_CONFIG = dict(num_storage_retries=1000, storage_retry_backoff_s=0.2,
 
 
 def start_s3_service(server, prefix: str, world_size: int = 2, **config) -> CheckpointService:
+    config.setdefault("local_interval_steps", 0)  # about storage: no local snapshot shadows it
     node = ray.get_runtime_context().get_node_id()
     return CheckpointService.start(
         storage_path=server.uri(prefix), run_name="run", storage_filesystem=None,

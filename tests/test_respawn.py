@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import ray_resilience as rr
+from ray_resilience.checkpoint import CheckpointConfig
 from tests import workload
 
 STEPS = 12
@@ -36,6 +39,28 @@ def test_killed_ranks_are_replaced(clean, token_data_dir, tmp_path):
         ("actor_died", [1]), ("actor_died", [0]), ("oom", [1])]
     pids = [v["pid"] for v in result.return_values]
     assert not set(pids) & set(clean.worker_pids) and pids == result.worker_pids
+    for r in range(2):
+        workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
+
+
+@pytest.mark.timeout(300)
+def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, token_data_dir, tmp_path):
+    """An exception (in-process restart), then a SIGKILL (respawn on this node), with a
+    committed checkpoint every 5 steps: both resume from the local snapshot of the step they
+    failed at (or the one before), not from step 5; the run ends bit-equal to no faults."""
+    plan = rr.FaultPlan.explicit([rr.Fault(step=7, rank=1, kind="exception"),
+                                  rr.Fault(step=9, rank=1, kind="sigkill")])
+    resilience = dataclasses.replace(_resilience(plan), checkpoint=CheckpointConfig(interval_steps=5))
+    result = workload.fit(token_data_dir, str(tmp_path), "local", max_steps=STEPS, resilience=resilience)
+    assert result.ok, result.error
+    assert [f["cause"] for f in result.faults] == ["exception", "actor_died"]
+    faults = result.goodput.faults
+    assert [f.checkpoint_tier for f in faults] == ["local", "local"], faults
+    # The injected steps (the supervisor's `step_at_fault` may lag the ranks by a progress report).
+    assert [f.resumed_from_step in (p.step - 1, p.step) for f, p in zip(faults, plan, strict=True)] \
+        == [True, True], faults
+    assert all(f.steps_redone <= 1 for f in faults), [f.steps_redone for f in faults]
+    assert [(v["tier"], v["resumed_from"] in (8, 9)) for v in result.return_values] == [("local", True)] * 2
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 

@@ -83,6 +83,9 @@ class OursPeer:
 
     supported_kinds = frozenset({FaultKind.EXCEPTION, FaultKind.SIGKILL, FaultKind.OOM,
                                  FaultKind.HANG, FaultKind.NATIVE_HANG})
+    local_restore_kinds = supported_kinds
+    """All of them keep the node (and its /dev/shm): the default `CheckpointConfig` writes the
+    local tier at every step, so ranks resume from the newest step all of them finished."""
 
     def __init__(self, *, variant: str, timeout_s: float = 900.0) -> None:
         if variant not in VARIANTS:

@@ -124,6 +124,9 @@ class Peer(Protocol):
     on: e.g. a hang under Ray Train only ends at the 30-minute collective timeout)."""
     # Optional: `uses_checkpoints = False` for a mechanism that never saves (torchft); the
     # benchmark then runs it once instead of once per checkpoint interval.
+    # Optional: `local_restore_kinds`, fault kinds after which the mechanism resumes from a
+    # node-local per-step snapshot rather than its last checkpoint (ours: the local tier);
+    # "best" then sizes the checkpoint interval by the rate of the other faults only.
 
     def available(self) -> str | None:
         """None when the mechanism can run here, else why not (shown in the table)."""

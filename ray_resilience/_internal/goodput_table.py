@@ -38,7 +38,9 @@ def format_table(report: GoodputReport) -> str:
         f"(full world size training {report.full_world_training_s:.1f}s / wall)",
         f"checkpoints       {report.num_checkpoints_saved} saved, "
         f"{report.num_checkpoints_committed} committed, "
-        f"{report.checkpoint_blocking_s:.2f}s blocking training",
+        f"{report.num_local_snapshots} local snapshots; "
+        f"{report.checkpoint_blocking_s:.2f}s blocking training "
+        f"({report.local_snapshot_blocking_s:.2f}s of it local)",
         f"recovery          p50 {secs(report.recovery_p50_s)}  p99 {secs(report.recovery_p99_s)}"
         f"  max {secs(report.recovery_max_s)}  over {len(report.faults)} faults; "
         f"{report.steps_redone_total} steps redone",

@@ -29,7 +29,7 @@ class RunRecord:
         self.history: list[dict[str, Any]] = []
         self.lock = threading.RLock()
         self._pending: dict[tuple[int, int], tuple[int, float]] = {}
-        self._saves: dict[tuple[int, int], tuple[int, float, float]] = {}
+        self._saves: dict[tuple[int, int, str | None], tuple[int, float, float]] = {}
         self.global_step: int | None = None
         self.first_step_by_attempt: dict[int, tuple[int, float]] = {}
         self.reached_by_attempt: dict[int, int] = {}
@@ -133,19 +133,21 @@ class RunRecord:
                                         t - pending.get("t_fault", t), rollback,
                                         rank=pending.get("rank"))
 
-    def add_saves(self, attempt: int, saves: list[tuple[int, float]], t: float) -> None:
-        """Checkpoint blocking times of one rank; recorded once every rank saved that step."""
+    def add_saves(self, attempt: int, saves: list[tuple], t: float) -> None:
+        """Checkpoint blocking times of one rank, (step, seconds) or (step, seconds, tier) for
+        local snapshots; recorded once every rank saved that step."""
         with self.lock:
-            for step, blocking in saves:
-                key = (attempt, step)
+            for step, blocking, *rest in saves:
+                tier = rest[0] if rest else None
+                key = (attempt, step, tier)
                 count, worst, _ = self._saves.get(key, (0, 0.0, t))
                 count, worst = count + 1, max(worst, blocking)
                 if count < self.world_size:
                     self._saves[key] = (count, worst, t)
                     continue
                 self._saves.pop(key, None)
-                self.timeline.checkpoint_saved(step, t, worst)
-                if self.metrics is not None:
+                self.timeline.checkpoint_saved(step, t, worst, tier=tier)
+                if self.metrics is not None and tier is None:
                     self.metrics.on_checkpoint(step, blocking_s=worst, committed=False)
 
     def fault_fired(self, fault_id: str, info: dict[str, Any]) -> None:

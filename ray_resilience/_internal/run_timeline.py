@@ -17,7 +17,7 @@ from typing import Any
 RECOVERY_PHASES: tuple[str, ...] = (
     "detect", "teardown", "rendezvous", "checkpoint_load", "first_step",
 )
-CHECKPOINT_TIERS: tuple[str | None, ...] = ("memory", "storage", None)
+CHECKPOINT_TIERS: tuple[str | None, ...] = ("local", "memory", "storage", None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -245,4 +245,4 @@ def _check_time(name: str, t: float) -> None:
 
 def _check_tier(tier: str | None) -> None:
     if tier not in CHECKPOINT_TIERS:
-        raise ValueError(f"tier={tier!r} is invalid; use 'memory', 'storage' or None.")
+        raise ValueError(f"tier={tier!r} is invalid; use 'local', 'memory', 'storage' or None.")

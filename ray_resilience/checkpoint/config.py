@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Literal
 
 from ray_resilience.errors import ConfigError
@@ -54,6 +55,21 @@ class CheckpointConfig:
     """Under `snapshot="auto"`: a rank's state smaller than this is copied before `save` returns
     (128 KiB: about the training-thread cost of handing the copy to the background thread,
     20-30 us; a 0.75 MB state copied in sync costs 0.15-0.3 ms of it)."""
+    local_interval_steps: int = 1
+    """Also write each rank's state into node-local shared memory (`local_dir`) every this many
+    steps (0: off). A rank restarted in process, or respawned on the same node, resumes from
+    there when it is newer than the newest committed checkpoint: a fault then redoes at most
+    this many steps instead of rolling back to the last committed step. Costs the training
+    thread one copy of the rank's state per local step (0.1-0.3 ms for 0.75 MB here) and twice
+    the state's size in `local_dir`; see `local_tier.py`."""
+    local_dir: str = "/dev/shm"
+    """A node-local memory-backed folder (tmpfs) for the local tier. On Kubernetes, mount an
+    `emptyDir: {medium: Memory}` volume there with room for two copies of the ranks' state
+    (the manifests in `cluster_configs/` do)."""
+    local_max_bytes: int | None = 64 * 2**20
+    """A rank whose state is larger skips the local tier (logged once; None: no cap). Copying
+    64 MiB costs 10-30 ms on CPU, which is about 1% of a step of a model that size; raise it
+    together with `local_interval_steps` for larger shards."""
     writers_per_node: int = 1
     """Writer actors per node hosting ranks; ranks on a node are spread across them."""
     num_storage_retries: int = 3
@@ -90,6 +106,16 @@ class CheckpointConfig:
         self._check_int("auto_sync_max_bytes", minimum=0,
                         fix="give a byte count (0: always overlap under snapshot='auto').")
         self._check_int("num_storage_retries", minimum=0, fix="use 0 to never retry.")
+        self._check_int("local_interval_steps", minimum=0, fix="use 0 to turn the local tier off.")
+        if self.local_max_bytes is not None:
+            self._check_int("local_max_bytes", minimum=0,
+                            fix="give a byte count, or None for no cap (local_interval_steps=0 "
+                                "turns the tier off).")
+        if self.local_interval_steps and (not isinstance(self.local_dir, str)
+                                          or not os.path.isabs(self.local_dir)):
+            raise ConfigError("CheckpointConfig.local_dir", self.local_dir,
+                              "must be an absolute path of a node-local tmpfs folder, e.g. "
+                              "'/dev/shm' (or set local_interval_steps=0).")
         self._check_int("memory_replicas", minimum=0, fix="use 0 for no replicas.")
         if self.memory_replicas and not self.memory_tier:
             raise ConfigError("CheckpointConfig.memory_replicas", self.memory_replicas,
@@ -112,6 +138,10 @@ class CheckpointConfig:
         value = getattr(self, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ConfigError(f"CheckpointConfig.{name}", value, f"must be an integer >= {minimum}; {fix}")
+
+    def is_local_step(self, step: int) -> bool:
+        """True when `maybe_save` writes the local tier at `step`."""
+        return self.local_interval_steps > 0 and step % self.local_interval_steps == 0
 
     def is_save_step(self, step: int) -> bool:
         """True when `maybe_save` saves at `step`."""

@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 class CommitCoordinator:
     """Commits steps. Plain class; `CheckpointService` wraps it with `ray.remote`."""
 
-    def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig) -> None:
+    def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig,
+                 local_root: str | None = None) -> None:
         self.storage, self.config = storage, config
         self._lock = threading.RLock()
         self._session: str | None = None
@@ -54,7 +55,7 @@ class CommitCoordinator:
         self._rounds = RoundTable()
         self._node_id = ray.get_runtime_context().get_node_id()
         self._pool = WriterPool(storage=storage, config=config,
-                                coordinator=ray.get_runtime_context().current_actor)
+                                coordinator=ray.get_runtime_context().current_actor, local_root=local_root)
         self._prune()
 
     def ready(self) -> bool:

@@ -1,6 +1,8 @@
-"""Loading the newest committed checkpoint on every rank, from memory when possible.
+"""Loading the newest checkpoint on every rank, from local snapshots or memory when possible.
 
-Called by `RankCheckpointer.load` on the training thread of every rank. Candidates are the
+Called by `RankCheckpointer.load` on the training thread of every rank. First the local tier
+(`local_tier.py`): the newest step of which every rank holds an intact snapshot on its node,
+when it is at least as new as the newest committed step. Then the
 committed steps, newest first, as the coordinator knows them (rank 0's list is used by all). For
 each candidate every rank loads its part, from its writer's memory when the shard layout matches
 (or from a writer holding a replica, when that one is gone), else from storage with every file
@@ -25,10 +27,11 @@ from ray_resilience.checkpoint import commit, layout, shard_io
 from ray_resilience.checkpoint.agreement import Agreement
 from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointLoadError
 from ray_resilience.checkpoint.extra_codec import decode_extra
+from ray_resilience.checkpoint.local_tier import LocalSnapshots, layout_digest
 from ray_resilience.checkpoint.readers import MemoryShardReader, SafeLoadPlanner, StorageShardReader
 from ray_resilience.checkpoint.snapshot import MODEL_KEY, OPTIMIZER_KEY, capture, state_dict_of
 from ray_resilience.checkpoint.storage import CheckpointStorage
-from ray_resilience.checkpoint.types import LoadedCheckpoint, layout_key
+from ray_resilience.checkpoint.types import LoadedCheckpoint, is_tensor_item, item_nbytes, layout_key
 
 logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 120.0
@@ -44,15 +47,34 @@ class LoadTarget:
     memory_tier: bool
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
+    local: LocalSnapshots | None = None
 
 
 def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | None:
-    """Restores the newest step every rank can load. None when nothing is committed; raises
-    CheckpointLoadError when steps are committed but none loads on every rank."""
+    """Restores the newest step every rank can load. None when nothing is committed (and no
+    local snapshot exists); raises CheckpointLoadError when steps are committed but none loads
+    on every rank."""
     committed, holders = ray.get(target.coordinator.load_info.remote(target.rank), timeout=CALL_TIMEOUT_S)
-    names = agreement.gather([d.name for d in committed])[0]
+    offer, own = _local_offer(target)
+    gathered = agreement.gather(([d.name for d in committed], offer))
+    names = gathered[0][0]
     candidates = [d for d in map(layout.parse_step_dir, names) if d is not None]
     failures = []
+    common = _newest_common([g[1] for g in gathered])
+    if common is not None and (not candidates or common[1] >= candidates[0].step):
+        state, loaded, error = _try_local(target, common, own)
+        if agreement.all_true(loaded is not None):
+            _apply(target.model, target.optimizer, state)
+            target.local.keep_only(*common)
+            logger.info("rank %d: resumed from step %d (local tier)", target.rank, loaded.step)
+            return loaded
+        errors = agreement.gather(error)
+        reason = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e) or "unknown error"
+        failures.append(f"local step {common[1]} ({reason})")
+        logger.warning("rank %d: local snapshot of step %d is not loadable on every rank (%s); "
+                       "loading the newest committed step", target.rank, common[1], reason)
+    if target.local is not None:  # what follows starts a new timeline: no old file may mix in
+        target.local.keep_only(None, None)
     for step_dir in candidates:
         state, loaded, error = _try_step(target, step_dir, holders.get(step_dir))
         if agreement.all_true(loaded is not None):
@@ -69,6 +91,43 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
     if candidates:
         raise CheckpointLoadError(target.storage.display(), failures)
     return None
+
+
+def _local_offer(target: LoadTarget) -> tuple[list[tuple[str, int]], tuple[list, str] | None]:
+    """This rank's intact local snapshots with its current shard layout: [(session, step)],
+    and (its save items, their layout digest) when it has any."""
+    local = target.local
+    if local is None or local.disabled is not None or not local.available(None):
+        return [], None
+    items, _ = capture(target.model, target.optimizer).build_items()
+    digest = layout_digest(items)
+    return local.available(digest), (items, digest)
+
+
+def _newest_common(offers: list[list[tuple[str, int]]]) -> tuple[str, int] | None:
+    """The newest (session, step) every rank offered."""
+    common = set.intersection(*(set(map(tuple, o)) for o in offers)) if offers else set()
+    return max(common, key=lambda key: key[1]) if common else None
+
+
+def _try_local(target: LoadTarget, key: tuple[str, int], own: tuple[list, str] | None,
+               ) -> tuple[dict, LoadedCheckpoint | None, str | None]:
+    state = state_dict_of(target.model, target.optimizer)
+    local = target.local
+    if own is None or local is None:
+        return state, None, "no local snapshot"
+    items, digest = own
+    where = f"local snapshot of step {key[1]} in {local.root}"
+    try:
+        sizes = [item_nbytes(i) for i in items if is_tensor_item(i)]
+        payload = local.read(key[0], key[1], digest, sizes)
+        if payload is None:
+            return state, None, f"{where}: changed or unreadable"
+        _dcp_load(state, MemoryShardReader(items, payload, where=where))
+        extra = decode_extra(payload.extra, path=where)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the committed tiers remain
+        return state, None, _describe(exc)
+    return state, LoadedCheckpoint(step=key[1], extra=extra, tier="local", path=local.root), None
 
 
 def _try_step(target: LoadTarget, step_dir: layout.StepDir, holders: list[Any] | None,

@@ -22,6 +22,7 @@ from ray_resilience.checkpoint.agreement import Agreement
 from ray_resilience.checkpoint.extra_codec import encode_extra
 from ray_resilience.checkpoint.handoff import HandoffPipeline, WriterLink
 from ray_resilience.checkpoint.loader import LoadTarget, load_newest
+from ray_resilience.checkpoint.local_tier import LocalSnapshots, node_root
 from ray_resilience.checkpoint.service import RankCheckpointSpec
 from ray_resilience.checkpoint.slots import RankSaveStats, SlotState
 from ray_resilience.checkpoint.state_cache import StateCache
@@ -49,6 +50,9 @@ class RankCheckpointer:
         self._pipeline = HandoffPipeline(rank=rank, world_size=world_size, config=spec.config, link=link,
                                          stats=self._stats, copy_delay_s=env_float(COPY_DELAY_ENV_VAR, 0.0))
         self._cache = StateCache()
+        self._local = (LocalSnapshots(node_root(spec.local_root), rank, max_bytes=spec.config.local_max_bytes)
+                       if spec.local_root is not None and spec.config.local_interval_steps else None)
+        self._local_blocking: list[tuple[int, float]] = []
         self._session: str | None = None
         self._closed = False
 
@@ -58,15 +62,20 @@ class RankCheckpointer:
                    optimizer: torch.optim.Optimizer | None = None,
                    extra: dict[str, Any] | None = None) -> float | None:
         """Saves when `step % interval_steps == 0`; returns the seconds the training thread was
-        blocked, or None when this step saves nothing."""
+        blocked, or None when this step saves nothing. Also writes the local tier when
+        `step % local_interval_steps == 0` (its blocking: `take_local_blocking`)."""
+        local = self._local is not None and self._local.disabled is None and self.config.is_local_step(step)
         if not self.config.is_save_step(step):
+            if local:
+                self._save_local(step, model, optimizer, extra)
             return None
-        return self.save(step, model=model, optimizer=optimizer, extra=extra)
+        return self.save(step, model=model, optimizer=optimizer, extra=extra, local=local)
 
     def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-             extra: dict[str, Any] | None = None) -> float | None:
-        """Snapshots this rank's shards of `step` and hands them off in the background. Returns
-        the blocking seconds, or None when the in-flight policy skipped this save."""
+             extra: dict[str, Any] | None = None, local: bool = False) -> float | None:
+        """Snapshots this rank's shards of `step` and hands them off in the background (and,
+        with `local`, writes them to the local tier). Returns the blocking seconds of the
+        committed save, or None when the in-flight policy skipped it."""
         if self._closed:
             raise RuntimeError("RankCheckpointer.save() after close()")
         start = time.perf_counter()
@@ -88,7 +97,30 @@ class RankCheckpointer:
         self._stats.phase("copy", copied)
         blocked = time.perf_counter() - start
         self._stats.blocking_s.append(blocked)
+        if local:
+            self._write_local(step, source, extra_bytes)
         return blocked if staged else None
+
+    def _save_local(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                    extra: dict[str, Any] | None) -> None:
+        if self._closed:
+            raise RuntimeError("RankCheckpointer.save() after close()")
+        start = time.perf_counter()
+        extra_bytes = encode_extra(extra or {})
+        if self._session is None:
+            self._begin_session()
+        self._write_local(step, self._cache.source(model, optimizer), extra_bytes, start=start)
+
+    def _write_local(self, step: int, source: Any, extra_bytes: bytes, start: float | None = None) -> None:
+        start = time.perf_counter() if start is None else start
+        assert self._local is not None and self._session is not None
+        if self._local.save(step, self._session, source, extra_bytes):
+            self._local_blocking.append((step, time.perf_counter() - start))
+
+    def take_local_blocking(self) -> list[tuple[int, float]]:
+        """(step, seconds) of each local-tier write since the last call (training-thread time)."""
+        taken, self._local_blocking = self._local_blocking, []
+        return taken
 
     def take_guard_wait_s(self) -> float:
         """Seconds optimizer steps waited for snapshot copies since the last call (blocking
@@ -105,7 +137,8 @@ class RankCheckpointer:
         self._cache.clear()
         self._begin_session()
         target = LoadTarget(rank=self.rank, storage=self.spec.storage, coordinator=self.spec.coordinator,
-                            memory_tier=self.config.memory_tier, model=model, optimizer=optimizer)
+                            memory_tier=self.config.memory_tier, model=model, optimizer=optimizer,
+                            local=self._local)
         return load_newest(target, self._agreement)
 
     def _begin_session(self) -> None:
@@ -142,7 +175,8 @@ class RankCheckpointer:
             slots = {"pending_step": max((s.step for s in held), default=None),
                      "writing_step": writing, "staging_bytes": pipeline.pool.staging_bytes,
                      "pipeline": pipeline.describe()}
-        return {"rank": self.rank, "session": self._session, **slots, **self._stats.as_dict()}
+        local = self._local.stats() if self._local is not None else {}
+        return {"rank": self.rank, "session": self._session, **slots, **self._stats.as_dict(), **local}
 
     def close(self) -> None:
         """Stops the background threads; a pending snapshot is dropped, a write in progress is
@@ -151,3 +185,5 @@ class RankCheckpointer:
             self._closed = True
             self._cache.clear()
             self._pipeline.close()
+            if self._local is not None:  # the files stay: a respawned rank reads them
+                self._local.close()

@@ -7,6 +7,7 @@ coordinator and the writers, and hands out a `RankCheckpointSpec` per rank for t
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -15,6 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.coordinator import CommitCoordinator
+from ray_resilience.checkpoint.local_tier import run_root
 from ray_resilience.checkpoint.storage import CheckpointStorage
 from ray_resilience.checkpoint.writer_pool import launch_writer, with_suppressed_kill
 
@@ -33,6 +35,8 @@ class RankCheckpointSpec:
     writer_id: str
     rank: int
     world_size: int
+    local_root: str | None = None
+    """This run's local-tier folder prefix (`local_tier.node_root` adds the node; None: off)."""
 
 
 class CheckpointService:
@@ -40,8 +44,9 @@ class CheckpointService:
     `shutdown` at the end. Methods block on short actor calls only."""
 
     def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any,
-                 writers: list[tuple[Any, str]]) -> None:
+                 writers: list[tuple[Any, str]], local_root: str | None = None) -> None:
         self.storage, self.config, self._coordinator = storage, config, coordinator
+        self.local_root = local_root
         self._writers = writers
 
     @classmethod
@@ -56,16 +61,18 @@ class CheckpointService:
         storage = CheckpointStorage.for_run(storage_path, run_name, storage_filesystem)
         storage.check_writable()
         here = ray.get_runtime_context().get_node_id()
+        local_root = (run_root(config.local_dir, run_name, secrets.token_hex(6))
+                      if config.local_interval_steps else None)
         # Every rank may hold one call waiting on a save round, besides writers and the supervisor.
         concurrency = max(COORDINATOR_MAX_CONCURRENCY, 2 * world_size + 16)
         coordinator = ray.remote(CommitCoordinator).options(
             num_cpus=0, max_concurrency=concurrency, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),  # with the supervisor
-        ).remote(storage=storage, config=config)
+        ).remote(storage=storage, config=config, local_root=local_root)
         # The writers' processes start now, alongside the coordinator's (each imports torch:
         # seconds), instead of after it; the coordinator adopts them.
         launched = {(node, index): launch_writer(storage=storage, config=config, coordinator=coordinator,
-                                                 node_id=node, index=index)
+                                                 node_id=node, index=index, local_root=local_root)
                     for node in dict.fromkeys(node_ids_by_rank) for index in range(config.writers_per_node)}
         try:
             writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank), launched),
@@ -75,13 +82,14 @@ class CheckpointService:
             for _, handle in launched.values():
                 with_suppressed_kill(handle)
             raise
-        return cls(storage=storage, config=config, coordinator=coordinator, writers=writers)
+        return cls(storage=storage, config=config, coordinator=coordinator, writers=writers,
+                   local_root=local_root)
 
     def rank_spec(self, rank: int) -> RankCheckpointSpec:
         writer, writer_id = self._writers[rank]
         return RankCheckpointSpec(storage=self.storage, config=self.config,
                                   coordinator=self._coordinator, writer=writer, writer_id=writer_id,
-                                  rank=rank, world_size=len(self._writers))
+                                  rank=rank, world_size=len(self._writers), local_root=self.local_root)
 
     def ensure_writers(self, node_ids_by_rank: list[str]) -> list[RankCheckpointSpec]:
         """After a respawn (or a shrink): replaces dead writers, serves new nodes; fresh specs."""

@@ -131,7 +131,9 @@ class LoadedCheckpoint:
 
     step: int
     extra: dict[str, Any]
-    tier: Literal["memory", "storage"]
+    tier: Literal["local", "memory", "storage"]
+    """"local": this node's shared-memory snapshot (`local_tier.py`), not a committed step;
+    "memory": a writer's copy of a committed step; "storage": read from storage."""
     path: str
     """The step folder (URI or local path) the checkpoint belongs to."""
     fallbacks: tuple[str, ...] = ()

@@ -25,6 +25,7 @@ import ray
 from ray_resilience.checkpoint import commit, layout
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
+from ray_resilience.checkpoint.local_tier import RootLock, node_root
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
 from ray_resilience.checkpoint.types import MemoryEntry, SaveTicket, ShardOutcome, ShardReport
 from ray_resilience.checkpoint.warm_import import WarmImport, dumps
@@ -48,7 +49,7 @@ class CheckpointWriter:
     it with `ray.remote`. May assume each rank has at most one shard in flight at a time."""
 
     def __init__(self, *, writer_id: str, storage: CheckpointStorage, config: CheckpointConfig,
-                 coordinator: Any, memory_budget_bytes: int | None) -> None:
+                 coordinator: Any, memory_budget_bytes: int | None, local_root: str | None = None) -> None:
         self.writer_id, self.storage, self.config = writer_id, storage, config
         self._coordinator, self._budget = coordinator, memory_budget_bytes
         self._cond = threading.Condition()
@@ -64,11 +65,18 @@ class CheckpointWriter:
         self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0,
                         "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0}
         self._last_error: str | None = None
+        self._local = RootLock(node_root(local_root)) if local_root is not None else None
+        """Holds the run's local-tier folder on this node (removed when the run ends)."""
         self._warm = WarmImport("ray_resilience.checkpoint.shard_io", "ray_resilience.checkpoint.dcp_metadata")
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id()}
+
+    def remove_local_root(self) -> None:
+        """The run ended: removes the local-tier snapshots of this node's ranks."""
+        if self._local is not None:
+            self._local.remove()
 
     def ready(self) -> bool:
         """Returns once the background import of DCP is done (the first write needs it)."""

@@ -38,8 +38,10 @@ class _Slot:
 class WriterPool:
     """Creates, checks and replaces writers; maps each rank to one writer on its node."""
 
-    def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any) -> None:
+    def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any,
+                 local_root: str | None = None) -> None:
         self._storage, self._config, self._coordinator = storage, config, coordinator
+        self._local_root = local_root
         self._lock = threading.RLock()
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._rank_slot: dict[int, tuple[str, int]] = {}
@@ -49,7 +51,7 @@ class WriterPool:
         `launch_writer` (the service starts writers while this coordinator starts)."""
         writer_id, handle = launched or launch_writer(
             storage=self._storage, config=self._config, coordinator=self._coordinator,
-            node_id=node_id, index=index)
+            node_id=node_id, index=index, local_root=self._local_root)
         try:
             ray.get(handle.ping.remote(), timeout=WRITER_START_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - reported with the node it was meant for
@@ -166,13 +168,16 @@ class WriterPool:
 
     def shutdown(self) -> None:
         with self._lock:
+            if self._local_root is not None:  # the run is over: its local snapshots go
+                refs = [slot.handle.remove_local_root.remote() for slot in self._slots.values()]
+                ray.wait(refs, num_returns=len(refs), timeout=PING_TIMEOUT_S)
             for slot in self._slots.values():
                 with_suppressed_kill(slot.handle)
             self._slots.clear()
 
 
 def launch_writer(*, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any,
-                  node_id: str, index: int) -> tuple[str, Any]:
+                  node_id: str, index: int, local_root: str | None = None) -> tuple[str, Any]:
     """Creates (without waiting for) writer `index` of `node_id`: (writer id, handle)."""
     writer_id = f"writer-{node_id[:8]}-{index}-{uuid.uuid4().hex[:6]}"
     budget = config.memory_budget_bytes
@@ -180,7 +185,8 @@ def launch_writer(*, storage: CheckpointStorage, config: CheckpointConfig, coord
         num_cpus=0, max_concurrency=WRITER_MAX_CONCURRENCY, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
     handle = actor.remote(writer_id=writer_id, storage=storage, config=config, coordinator=coordinator,
-                          memory_budget_bytes=None if budget is None else budget // config.writers_per_node)
+                          memory_budget_bytes=None if budget is None else budget // config.writers_per_node,
+                          local_root=local_root)
     return writer_id, handle
 
 
