@@ -197,3 +197,45 @@ def test_bad_local_settings_name_the_setting(field, value):
     with pytest.raises(ConfigError, match=f"CheckpointConfig.{field}"):
         CheckpointConfig(interval_steps=5, **{field: value})
     CheckpointConfig(interval_steps=5, local_interval_steps=0, local_dir="ignored when off")
+
+
+def test_a_header_claiming_more_than_the_file_holds_is_refused_before_reading(tmp_path):
+    model, optimizer = _trained()
+    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
+    store.save(1, "s", StateCache().source(model, optimizer), b"")
+    path = tmp_path / "rank0.0"
+    raw = path.read_bytes()[:HEADER_BYTES]
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header["extra"] = 2**40  # would allocate 1 TiB if believed
+    data = json.dumps(header).encode()
+    with open(path, "r+b") as f:
+        f.write(len(data).to_bytes(8, "little") + data)
+    target = LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=False,
+                        model=model, optimizer=optimizer, local=store)
+    offer, own = _local_offer(target)
+    assert offer == [("s", 1)]
+    _, loaded, error = _try_local(target, ("s", 1), own)
+    assert loaded is None and "unreadable" in error
+
+
+class _Killed(BaseException):
+    """Stands in for a process killed (or an abort raised into the thread) mid-write."""
+
+
+def test_a_write_cut_short_leaves_its_file_marked_incomplete(tmp_path, monkeypatch):
+    from ray_resilience.checkpoint import local_tier
+
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
+    for step in (1, 2):
+        store.save(step, "s", cache.source(model, optimizer), b"")
+    real = local_tier._write_all
+
+    def half_then_killed(fd, buffers, offset):
+        real(fd, buffers[: len(buffers) // 2], offset)
+        raise _Killed
+
+    monkeypatch.setattr(local_tier, "_write_all", half_then_killed)
+    with pytest.raises(_Killed):
+        store.save(3, "s", cache.source(model, optimizer), b"")  # overwrites step 1's file
+    assert store.available(None) == [("s", 2)]  # not step 1's old header over half of step 3

@@ -219,8 +219,10 @@ class LocalSnapshots:
             if header["tensor_bytes"] != sum(tensor_sizes):
                 return None
             length = header["tensor_bytes"] + sum(header["blobs"]) + header["extra"]
-            data = bytearray(length)
             with open(self._path(slot), "rb", buffering=0) as f:
+                if HEADER_BYTES + length > os.fstat(f.fileno()).st_size:
+                    return None  # a header that claims more than the file holds
+                data = bytearray(length)
                 f.seek(HEADER_BYTES)
                 if f.readinto(data) != length:
                     return None
