@@ -170,7 +170,7 @@ class RunTimeline:
     ) -> None:
         """One recovery phase of `fault_id` ran from `t_start` to `t_end`.
 
-        `tier` says where checkpoint_load read from ("memory" or "storage").
+        `tier` says where checkpoint_load read from ("local", "memory" or "storage").
         """
         fault = self._fault(fault_id)
         if phase not in RECOVERY_PHASES:
