@@ -150,13 +150,14 @@ class ResilienceConfig:
     @classmethod
     def default(cls, *, checkpoint_interval: int = 0, fault_plan: Any = None,
                 **kwargs: Any) -> ResilienceConfig:
-        """Every rung on: in-process restart, respawn of failed ranks, async checkpoints."""
+        """Every rung on: in-process restart, respawn of failed ranks, checkpoints: committed to
+        storage every `checkpoint_interval` steps (0: never; a job retry then starts over) and
+        the local tier at every step, so restarts on the same node resume from the step the
+        fault hit. `checkpoint=None` turns both off (restarts then start from step 0)."""
+        from ray_resilience.checkpoint import CheckpointConfig
         from ray_resilience.recovery import InJobConfig, InProcessConfig
 
         kwargs.setdefault("in_process", InProcessConfig())
         kwargs.setdefault("in_job", InJobConfig())
-        if checkpoint_interval:
-            from ray_resilience.checkpoint import CheckpointConfig
-
-            kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))
+        kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))
         return cls(fault_plan=fault_plan, **kwargs)

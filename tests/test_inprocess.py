@@ -91,3 +91,25 @@ def test_restart_storm_without_progress_stops(ray_session, tmp_path):
     assert result.error.setting == "InProcessConfig.max_attempts_without_progress"
     assert result.attempts == 3
     assert "parameter server unreachable" in str(result.error)
+
+
+@pytest.mark.timeout(240)
+def test_default_config_resumes_from_the_step_that_failed_without_storage_saves(clean_runs, token_data_dir,
+                                                                                tmp_path):
+    """`ResilienceConfig.default()` without a checkpoint interval: nothing is committed to
+    storage, yet each exception resumes from the local snapshot of the step it hit (before the
+    local tier, such a run started over from step 0 at every restart)."""
+    plan = rr.FaultPlan.explicit([rr.Fault(step=4, rank=1, kind="exception"),
+                                  rr.Fault(step=9, rank=0, kind="exception")])
+    resilience = rr.ResilienceConfig.default(fault_plan=plan, step_timeout_s=3.0,
+                                             first_step_timeout_s=60.0)
+    result = workload.fit(token_data_dir, str(tmp_path), "default", max_steps=STEPS, sleep_s=0.3,
+                          resilience=resilience)
+    assert result.ok, result.error
+    assert result.checkpoint["latest_committed_step"] is None
+    faults = result.goodput.faults
+    assert [(f.checkpoint_tier, f.resumed_from_step) for f in faults] == [("local", 4), ("local", 9)], faults
+    assert [v["resumed_from"] for v in result.return_values] == [9, 9]
+    for rank in range(2):
+        workload.assert_bit_equal(result.return_values[rank]["state"],
+                                  clean_runs[2].return_values[rank]["state"])

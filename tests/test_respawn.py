@@ -51,7 +51,11 @@ def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, tok
     plan = rr.FaultPlan.explicit([rr.Fault(step=7, rank=1, kind="exception"),
                                   rr.Fault(step=9, rank=1, kind="sigkill")])
     resilience = dataclasses.replace(_resilience(plan), checkpoint=CheckpointConfig(interval_steps=5))
-    result = workload.fit(token_data_dir, str(tmp_path), "local", max_steps=STEPS, resilience=resilience)
+    # 0.3 s per step: progress (forwarded every 0.25 s) reaches the supervisor between the two
+    # faults; a step counts as done once every rank reported it, and reports still queued in a
+    # SIGKILLed process are lost, which would leave the first recovery without its first step.
+    result = workload.fit(token_data_dir, str(tmp_path), "local", max_steps=STEPS, sleep_s=0.3,
+                          resilience=resilience)
     assert result.ok, result.error
     assert [f["cause"] for f in result.faults] == ["exception", "actor_died"]
     faults = result.goodput.faults

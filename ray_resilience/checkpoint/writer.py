@@ -67,7 +67,9 @@ class CheckpointWriter:
         self._last_error: str | None = None
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
-        self._warm = WarmImport("ray_resilience.checkpoint.shard_io", "ray_resilience.checkpoint.dcp_metadata")
+        # With no periodic saves (local tier only) nothing may ever arrive: no import up front.
+        self._warm = (WarmImport("ray_resilience.checkpoint.shard_io", "ray_resilience.checkpoint.dcp_metadata")
+                      if config.interval_steps else WarmImport())
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(),
