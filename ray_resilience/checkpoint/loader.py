@@ -97,11 +97,12 @@ def _local_offer(target: LoadTarget) -> tuple[list[tuple[str, int]], tuple[list,
     """This rank's intact local snapshots with its current shard layout: [(session, step)],
     and (its save items, their layout digest) when it has any."""
     local = target.local
-    if local is None or local.disabled is not None or not local.available(None):
+    slots = local.slots() if local is not None and local.disabled is None else []
+    if not slots:  # no plan to build (25+ ms) on a rank with nothing to offer
         return [], None
     items, _ = capture(target.model, target.optimizer).build_items()
     digest = layout_digest(items)
-    return local.available(digest), (items, digest)
+    return [(s.session, s.step) for s in slots if s.layout == digest], (items, digest)
 
 
 def _newest_common(offers: list[list[tuple[str, int]]]) -> tuple[str, int] | None:

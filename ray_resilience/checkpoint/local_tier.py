@@ -194,15 +194,14 @@ class LocalSnapshots:
 
     # --- reading ----------------------------------------------------------------------------
 
+    def slots(self) -> list[LocalSlot]:
+        """This rank's complete snapshots (one header read per file)."""
+        return [found[0] for found in map(self._read_header, (0, 1)) if found is not None]
+
     def available(self, layout: str | None) -> list[tuple[str, int]]:
         """(session, step) of each complete snapshot of this rank with shard layout `layout`
         (None: any layout)."""
-        found = []
-        for slot in (0, 1):
-            info = self._read_header(slot)
-            if info is not None and layout in (None, info[0].layout):
-                found.append((info[0].session, info[0].step))
-        return found
+        return [(s.session, s.step) for s in self.slots() if layout in (None, s.layout)]
 
     def read(self, session: str, step: int, layout: str, tensor_sizes: list[int]) -> Any | None:
         """The snapshot of (`session`, `step`) as a `ShardPayload` (tensor arrays sized by the
