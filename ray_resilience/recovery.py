@@ -207,10 +207,14 @@ class InJobConfig:
     used spare is replaced once the recovery has completed a step; it is warm 4-5 s later on a
     small CPU node). Size it to the faults expected within that time."""
     num_prestarted_workers: int = 1
-    """Bare Ray worker processes (no torch, no resources, no rank state) Ray keeps booted on each
-    node hosting ranks (asked for once the run completed its first step, and again right after
-    each respawn): a rank respawned without a spare then skips the process boot (0.4-0.6 s
-    here). 0: off."""
+    """Ray worker processes kept booted on each node hosting ranks, for rank respawns without a
+    spare: they hold no resources and no rank state, and import torch, DTensor, DCP and FSDP2's
+    dynamo hooks in the background at idle CPU priority (they only take CPU nothing else on the
+    node wants), so a respawned rank skips its process boot and imports (2.5-3.5 s of the 4 s a
+    SIGKILL cost here). Asked for once the run completed its first step, and one more right after
+    each respawn; each holds torch's memory (about 0.4 GB here). More than one rarely helps: Ray
+    hands a new actor the most recently booted idle worker, which after a respawn is the one
+    still importing. 0: off (a respawned rank boots and imports in a new process)."""
     heartbeat_timeout_s: float = 10.0
     """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0

@@ -171,3 +171,29 @@ def test_progress_counts_a_step_one_rank_reported_before_its_peers_reports_arriv
     record.note_reached(4, 5)
     record.note_reached(4, None)
     assert record.reached_by_attempt[4] == 5
+
+
+def test_steps_the_lost_rank_did_not_report_count_once_its_peers_reported_them():
+    """Rank 1 is SIGKILLed with its reports of steps 8-9 still unsent; rank 0 reported them.
+    The recovery's first step must be its own (step 9 here), not the next fault's."""
+    from ray_resilience._internal.run_record import RunRecord
+
+    record = RunRecord(world_size=2)
+    record.start(0.0)
+    for step in range(1, 8):
+        record.add_reports(0, [{"rank": r, "step": step, "time": float(step)} for r in (0, 1)])
+    record.add_reports(0, [{"rank": 0, "step": 8, "time": 8.0}, {"rank": 0, "step": 9, "time": 9.0}])
+    assert record.global_step == 7
+    record.timeline.fault_detected("f1", t_fault=9.5, t_detect=9.6, step_at_fault=7, rank=1,
+                                   cause="actor_died", kind="sigkill")
+    assert record.close_attempt(0, lost=set()) == []  # nobody lost: nothing to infer
+    record.add_reports(1, [{"rank": 0, "step": 1, "time": 1.0}])
+    assert record.close_attempt(1, lost={0, 1}) == []  # nobody left who could have reported
+    record.add_reports(0, [{"rank": 0, "step": 8, "time": 8.0}, {"rank": 0, "step": 9, "time": 9.0}])
+    assert record.close_attempt(0, lost={1}) == [8, 9]
+    assert record.global_step == 9 and record.close_attempt(0, lost={1}) == []
+    record.timeline.step_at_fault_is("f1", 9)
+    record.expect_recovery(2, "f1", cause="actor_died", t_fault=9.5, step=9)
+    record.add_reports(2, [{"rank": r, "step": 10, "time": 12.0} for r in (0, 1)])
+    fault = record.timeline.faults["f1"]
+    assert fault.step_at_fault == 9 and fault.t_first_step == 12.0 and fault.resumed_from_step == 9

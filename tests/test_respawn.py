@@ -58,6 +58,9 @@ def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, tok
                           resilience=resilience)
     assert result.ok, result.error
     assert [f["cause"] for f in result.faults] == ["exception", "actor_died"]
+    # The SIGKILLed rank's new process was booted for it after the first step and imported
+    # torch in the background (worker_setup), or finished that while the rank waited.
+    assert [(r["rank"], r["preimported"]) for r in result.faults[1]["replacements"]] == [(1, True)]
     faults = result.goodput.faults
     assert [f.checkpoint_tier for f in faults] == ["local", "local"], faults
     # The injected steps (the supervisor's `step_at_fault` may lag the ranks by a progress report).

@@ -124,4 +124,5 @@ def describe_fault(fault: FaultEvent) -> dict[str, Any]:
             "nodes": list(fault.detail.get("nodes", ())),
             "respawned": list(fault.detail.get("respawned", ())),
             "excluded_nodes": list(fault.detail.get("excluded_nodes", ())),
+            "replacements": list(fault.detail.get("replacements", ())),
             "error": str(fault.error).splitlines()[0] if fault.error else None}

@@ -45,6 +45,10 @@ class Recovery:
         if error is not None:
             return error
         t_torn = time.time()
+        late = sup.record.close_attempt(sup.attempt, self.respawn)
+        if late:  # steps the lost ranks had finished but not reported
+            fault.step = max(fault.step or 0, late[-1])
+            timeline.step_at_fault_is(self.fault_id, late[-1])
         timeline.recovery_phase(self.fault_id, "teardown", fault.t_detect, t_torn)
         if self.respawn:
             error = self._respawn()
@@ -75,6 +79,10 @@ class Recovery:
         missing = sup.group.replace(sorted(self.respawn), in_job.replacement_timeout_s,
                                     exclude=sup.excluded_nodes)
         sup.num_respawns += 1
+        started = [_replacement(rank, info) for rank, info in enumerate(sup.group.info)
+                   if rank in self.respawn]
+        self.fault.detail["replacements"] = started
+        log.info("[%s] replacement processes: %s", sup.run_name, started)
         if missing:
             remaining = sup.group.world_size - len(missing)
             if in_job.min_workers is None or remaining < in_job.min_workers:
@@ -160,3 +168,13 @@ class Recovery:
                     sup.group.kill(rank)
                     self.respawn.add(keep.pop(ref))
         return sorted(keep.values())
+
+
+def _replacement(rank: int, info: dict[str, Any]) -> dict[str, Any]:
+    """How a respawned rank's process started: `preimported` when it was booted ahead of time
+    and had imported torch and the rest before the rank took it (or while the rank waited
+    `preimport_wait_s` for it)."""
+    pre = info.get("preimport") or {}
+    return {"rank": rank, "pid": info.get("pid"),
+            "preimported": "ended" in pre and "error" not in pre,
+            "preimport_wait_s": pre.get("waited_s", 0.0)}

@@ -28,7 +28,9 @@ class RunRecord:
         self.timeline = RunTimeline()
         self.history: list[dict[str, Any]] = []
         self.lock = threading.RLock()
-        self._pending: dict[tuple[int, int], tuple[int, float]] = {}
+        self._pending: dict[tuple[int, int], tuple[set[int], float]] = {}
+        """(attempt, step) -> the ranks that reported it and their newest report time, until
+        every rank has."""
         self._saves: dict[tuple[int, int, str | None], tuple[int, float, float]] = {}
         self.global_step: int | None = None
         self.first_step_by_attempt: dict[int, tuple[int, float]] = {}
@@ -106,13 +108,35 @@ class RunRecord:
                 self._observe_step(attempt, rec)
                 self.note_reached(attempt, rec.get("step"))
                 key = (attempt, rec["step"])
-                count, t = self._pending.get(key, (0, 0.0))
-                count, t = count + 1, max(t, rec.get("time", time.time()))
-                if count < self.world_size:
-                    self._pending[key] = (count, t)
+                ranks, t = self._pending.get(key, (set(), 0.0))
+                ranks, t = ranks | {rec["rank"]}, max(t, rec.get("time", time.time()))
+                if len(ranks) < self.world_size:
+                    self._pending[key] = (ranks, t)
                     continue
                 self._pending.pop(key, None)
                 self._step_done(attempt, rec["step"], t)
+
+    def close_attempt(self, attempt: int, lost: set[int]) -> list[int]:
+        """`attempt` is over and the processes of the `lost` ranks are gone, with the reports
+        they had not forwarded yet (every 0.25 s). A step every other rank reported is counted
+        as completed at its newest report: a rank of a synchronous job only finishes a step
+        its peers took part in (every collective of it). Without this, a fault that came
+        before the recovery's first steps reached the supervisor left that recovery without a
+        first step, its time extended to the next one's end. Call it once the surviving ranks'
+        outcomes (their last reports) are recorded. Returns the steps it completed."""
+        with self.lock:
+            survivors = set(range(self.world_size)) - lost
+            keys = sorted(k for k in self._pending if k[0] == attempt)
+            done = []
+            for key in keys:
+                ranks, t = self._pending.pop(key)
+                step = key[1]
+                if not lost or not survivors or not survivors <= ranks \
+                        or (self.global_step is not None and step <= self.global_step):
+                    continue
+                self._step_done(attempt, step, t)
+                done.append(step)
+            return done
 
     def _step_done(self, attempt: int, step: int, t: float) -> None:
         self.global_step = step

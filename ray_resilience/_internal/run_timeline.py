@@ -165,6 +165,14 @@ class RunTimeline:
                 step_at_fault=step_at_fault, rank=rank, cause=cause, kind=kind,
             )
 
+    def step_at_fault_is(self, fault_id: str, step: int) -> None:
+        """Steps completed before `fault_id` became known after it was recorded (their reports
+        were late): its step at fault is at least `step`."""
+        with self._lock:
+            fault = self.faults[fault_id]
+            if step > fault.step_at_fault:
+                fault.step_at_fault = step
+
     def recovery_phase(
         self, fault_id: str, phase: str, t_start: float, t_end: float, *, tier: str | None = None
     ) -> None:

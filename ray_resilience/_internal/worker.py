@@ -58,6 +58,17 @@ def _wait_listening(host: str, port: int, timeout_s: float) -> None:
             time.sleep(STORE_PROBE_INTERVAL_S)
 
 
+def _serialized_runtime_env() -> str | None:
+    """This actor's runtime env as the raylet keys its worker processes by (None if Ray's
+    internals moved: prestarted workers are then not asked for)."""
+    try:
+        import ray
+
+        return ray._private.worker.global_worker.core_worker.get_current_runtime_env()
+    except Exception:  # noqa: BLE001 - an optimization's input
+        return None
+
+
 class Worker:
     """One rank. Created once per rank (and again only when the rank is respawned)."""
 
@@ -87,7 +98,8 @@ class Worker:
 
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "runtime_env": _serialized_runtime_env()}
 
     def prewarm(self) -> None:
         """Imports what every attempt needs, runs one FSDP2 step and one checkpoint restore on

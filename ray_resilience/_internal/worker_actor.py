@@ -16,6 +16,11 @@ class WorkerActor:
     """One rank's actor (see `Worker` for what each call does)."""
 
     def __init__(self, train_fn: bytes, train_config: dict[str, Any] | None, supervisor: Any) -> None:
+        from ray_resilience._internal import worker_setup
+
+        # A process booted ahead of time may still be importing in the background: this thread
+        # imports nothing until it has finished (never two threads in the same imports).
+        self._preimport_wait_s = worker_setup.wait_for_preimport()
         from ray import cloudpickle
 
         from ray_resilience._internal.worker import Worker
@@ -23,7 +28,11 @@ class WorkerActor:
         self._worker = Worker(cloudpickle.loads(train_fn), train_config, supervisor)
 
     def info(self) -> dict[str, Any]:
-        return self._worker.info()
+        from ray_resilience._internal import worker_setup
+
+        info = self._worker.info()
+        info["preimport"] = dict(worker_setup.stats, waited_s=self._preimport_wait_s)
+        return info
 
     def prewarm(self) -> None:
         self._worker.prewarm()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 import ray
@@ -12,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray_resilience.config import ScalingConfig
 from ray_resilience._internal.bundles import Bundle, Bundles
 from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
+from ray_resilience._internal import worker_setup
 from ray_resilience._internal.prestart import WorkerPrestarter
 from ray_resilience._internal.worker_actor import WorkerActor
 
@@ -37,14 +39,19 @@ class WorkerGroup:
         self._spare_bundles: list[Bundle] = []
         """Bundles spares left by taking over ranks, until `replenish_spares` fills them."""
         self._reserved: list[Bundle] = []
-        # Prestarted workers match only the job's runtime env: not actors given env vars.
-        self.prestarter = WorkerPrestarter(num_prestarted, enabled=not env_vars)
-        if num_prestarted and env_vars:
-            log.debug("no prestarted workers: the ranks' actors carry their own runtime env "
-                      "(env vars %s), which Ray's prestarted workers do not have", sorted(env_vars))
-        self._prestart_nodes: set[str] = set()
-        """Nodes where an actor was created since the last prestart request (it may have taken
-        the idle worker there)."""
+        self.prestarter = WorkerPrestarter(num_prestarted)
+        self.preimport_key = f"preimport-{uuid.uuid4().hex}"
+        """Switches the rank processes' background import on (`worker_setup`), once the run
+        has a step and prestarted workers are asked for."""
+        self._rank_env = worker_setup.rank_env_vars(env_vars, self.preimport_key)
+        self._rank_runtime_env: str | None = None
+        """The ranks' runtime env as the raylet serialized it (from their `info`): prestarted
+        workers are asked for with it, so only rank actors take them."""
+        self._preimport_on = False
+        self._prestart_nodes: dict[str, int] = {}
+        """Node -> prestarted workers to ask for there at the next request: `num_prestarted`
+        per node of the run's first ranks, one more for each rank started there since (it
+        took one, or one still booting)."""
 
     @property
     def world_size(self) -> int:
@@ -74,6 +81,7 @@ class WorkerGroup:
         for bundle in self._reserved[world:]:
             self._add_spare(bundle)
         self.info = ray.get([a.info.remote() for a in self.actors], timeout=120)
+        self._rank_runtime_env = self.info[0].get("runtime_env") if self.info else None
 
     @property
     def spares_pending(self) -> bool:
@@ -94,7 +102,7 @@ class WorkerGroup:
                 self._add_spare(bundle)
 
     def _add_spare(self, bundle: Bundle) -> None:
-        actor = self._new_actor(bundle)
+        actor = self._new_actor(bundle, spare=True)
         actor.prewarm.remote()
         self.spares.append((actor, bundle, actor.info.remote()))
 
@@ -104,13 +112,22 @@ class WorkerGroup:
 
     def prestart(self) -> None:
         """Asks the nodes where actors were created since the last call for idle workers."""
-        nodes, self._prestart_nodes = self._prestart_nodes, set()
-        self.prestarter.request(nodes)
+        nodes, self._prestart_nodes = self._prestart_nodes, {}
+        if not nodes or not self.prestarter.enabled:
+            return
+        if not self._preimport_on:
+            self._preimport_on = worker_setup.switch(self.preimport_key, True)
+        self.prestarter.request(nodes, self._rank_runtime_env)
 
-    def _new_actor(self, bundle: Bundle) -> Any:
+    def _new_actor(self, bundle: Bundle, *, spare: bool = False) -> Any:
+        """A rank's actor in `bundle`. Ranks carry the setup hook that has processes booted
+        for them import torch ahead of time (`worker_setup`); warm spares do not: they start
+        with the run and must not wait for CPU the ranks leave idle."""
         node = self.bundles.node_of(bundle)
-        if node is not None:
-            self._prestart_nodes.add(node)
+        if node is not None and not spare:
+            first = not self.info  # before the run's first ranks answered
+            self._prestart_nodes[node] = self.prestarter.count if first \
+                else self._prestart_nodes.get(node, 0) + 1
         scaling = self.scaling.bundle
         options: dict[str, Any] = {
             "num_cpus": scaling.get("CPU", 0), "num_gpus": scaling.get("GPU", 0),
@@ -119,8 +136,9 @@ class WorkerGroup:
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=bundle.pg, placement_group_bundle_index=bundle.index),
         }
-        if self._env_vars:  # an actor-level runtime_env rules out Ray's prestarted workers
-            options["runtime_env"] = {"env_vars": self._env_vars}
+        env = self._env_vars if spare else self._rank_env
+        if env:
+            options["runtime_env"] = {"env_vars": env}
         return ray.remote(WorkerActor).options(**options).remote(
             self._train_fn, self._train_config, self._supervisor)
 
@@ -162,6 +180,8 @@ class WorkerGroup:
                 ray.kill(actor, no_restart=True)
         self.actors, self.spares = [], []
         self.bundles.remove_all()
+        if self._preimport_on:
+            self._preimport_on = not worker_setup.switch(self.preimport_key, False)
 
     # --- respawn ------------------------------------------------------------------------------
 
