@@ -163,7 +163,10 @@ def preimported() -> bool:
     return "ended" in stats and "error" not in stats
 
 
-def _lower_priority() -> str:
+def idle_thread_priority() -> str:
+    """Moves the calling thread (only it, and threads it starts later) to Linux's SCHED_IDLE
+    class, else to nice 19; returns which ("idle", "nice", "normal" when neither was
+    allowed). Irreversible without CAP_SYS_NICE: only for threads that do optional work."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only (Linux)
         return "idle"
@@ -180,7 +183,7 @@ def _preimport(modules: tuple[str, ...]) -> None:
     stats["started"] = time.time()
     t0 = time.thread_time()
     try:
-        stats["policy"] = _lower_priority()
+        stats["policy"] = idle_thread_priority()
         import importlib
 
         for name in modules:
