@@ -115,6 +115,18 @@ def test_a_rank_process_booted_ahead_imports_torch_at_idle_priority_for_the_next
         plain = _Probe.options(runtime_env={"env_vars": {"RR_TEST_RANK_ENV": "1"}}).remote()
         actors.append(plain)
         assert ray.get(plain.pid.remote(), timeout=60) not in booted
+        # One more that no rank takes: it exits once the run is over (the switch goes off).
+        before = _settled_idle_workers()
+        assert WorkerPrestarter(1).request([node], serialized) == [node]
+        unused = _booted_after(before)
+        assert unused, "the raylet started no idle worker"
+        time.sleep(1.0)
+        assert worker_setup.switch(key, False)
+        deadline = time.monotonic() + 30
+        while any(psutil.pid_exists(p) for p in unused) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(psutil.pid_exists(p) for p in unused), "an unused prestarted process stayed"
+        assert ray.get(second.info.remote(), timeout=30)["pid"] in booted  # the rank's stays
     finally:
         worker_setup.switch(key, False)
         for actor in actors:

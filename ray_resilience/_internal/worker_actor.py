@@ -20,7 +20,7 @@ class WorkerActor:
 
         # A process booted ahead of time may still be importing in the background: this thread
         # imports nothing until it has finished (never two threads in the same imports).
-        self._preimport_wait_s = worker_setup.wait_for_preimport()
+        self._preimport_wait_s = worker_setup.claim()
         from ray import cloudpickle
 
         from ray_resilience._internal.worker import Worker

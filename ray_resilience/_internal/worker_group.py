@@ -115,6 +115,10 @@ class WorkerGroup:
         nodes, self._prestart_nodes = self._prestart_nodes, {}
         if not nodes or not self.prestarter.enabled:
             return
+        if self._rank_runtime_env is None:  # Ray's internals moved: no rank would take them
+            log.info("not prestarting workers: the ranks' runtime env is unknown")
+            self.prestarter.enabled = False
+            return
         if not self._preimport_on:
             self._preimport_on = worker_setup.switch(self.preimport_key, True)
         self.prestarter.request(nodes, self._rank_runtime_env)

@@ -14,7 +14,7 @@ process as it boots, before the process serves any task. `setup` starts one back
 that imports the modules at Linux's SCHED_IDLE priority: it only uses CPU that nothing else on
 the node wants, so on a busy node it costs training nothing (a 2-core node running two ranks
 took 3.3 CPU-seconds of imports per process). The actor's `__init__` waits for that thread
-(`wait_for_preimport`) before it imports anything, so two threads never import the same
+(`claim`) before it imports anything, so two threads never import the same
 modules at once; at a respawn the node's other ranks wait in the rendezvous and the idle
 thread gets the CPU it needs. numpy and pyarrow start their own helper threads (OpenBLAS,
 jemalloc) when imported: they are imported on the calling thread first, so those threads keep
@@ -26,6 +26,9 @@ prestarted workers, after the run's first step: the ranks' first processes start
 writers import torch on the same node, and an idle-priority import there would only start
 after theirs. Warm spares do not carry the hook: they must be ready early and import at normal
 priority as before.
+
+A prestarted process no rank took exits once its run has ended (the supervisor switches the
+key off at shutdown), so a driver that runs many fits does not collect idle processes.
 
 A job-level setup hook of the user's (`ray.init(runtime_env={"worker_process_setup_hook": ...})`)
 would be overridden by ours in the rank actors' env; the supervisor passes it on in
@@ -73,7 +76,11 @@ _NORMAL_PRIORITY_MODULES = ("numpy", "pyarrow")
 """Imported on the calling thread: they start helper threads, which inherit the importing
 thread's scheduling policy."""
 
+WATCH_INTERVAL_S = 5.0
+"""How often an unclaimed prestarted process checks whether its run has ended."""
+
 _thread: threading.Thread | None = None
+_claimed = threading.Event()
 stats: dict[str, Any] = {}
 """What the preimport did in this process: `started`, `ended` (wall clock), `seconds`,
 `policy` ("idle", "nice" or "normal"), `error` (a message, when something failed)."""
@@ -109,8 +116,33 @@ def setup() -> None:
     except Exception as exc:  # noqa: BLE001 - see the module docstring
         log.warning("rank pre-import: could not read its switch (%s: %s)", type(exc).__name__, exc)
         on = False
-    if on:
+    if not on:
+        return
+    try:  # an exception out of a setup hook ends the worker process: never one of ours
         start_preimport()
+        threading.Thread(target=_exit_when_run_ends, args=(key,), name="rr-preimport-watch",
+                         daemon=True).start()
+    except Exception as exc:  # noqa: BLE001 - see the module docstring
+        log.warning("rank pre-import: could not start (%s: %s)", type(exc).__name__, exc)
+
+
+def _exit_when_run_ends(key: str) -> None:
+    """A prestarted process no rank took by the end of its run would sit idle with torch's
+    memory until Ray's keep-alive (a day) ran out, once per run in a driver that calls fit()
+    many times: once the supervisor has switched the run's key off, it exits."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    while not _claimed.wait(WATCH_INTERVAL_S):
+        try:
+            if _internal_kv_get(key, namespace=KV_NAMESPACE) is None:
+                break
+        except Exception:  # noqa: BLE001 - GCS unreachable for now: ask again later
+            continue
+    else:
+        return
+    if not _claimed.is_set():
+        log.info("rank pre-import: run %s ended with this process unused; exiting", key)
+        os._exit(0)
 
 
 def switch(key: str, on: bool) -> bool:
@@ -147,20 +179,17 @@ def start_preimport(modules: tuple[str, ...] = PREIMPORT_MODULES) -> None:
     _thread.start()
 
 
-def wait_for_preimport() -> float:
-    """Blocks until the background import (if this process started one) has ended; returns
-    the seconds waited."""
+def claim() -> float:
+    """Called by a rank actor as it starts in this process: the process is no longer idle (its
+    run-end watcher stops), and this blocks until the background import (if one was started)
+    has ended; returns the seconds waited."""
+    _claimed.set()
     thread = _thread
     if thread is None or not thread.is_alive():
         return 0.0
     t0 = time.monotonic()
     thread.join()
     return time.monotonic() - t0
-
-
-def preimported() -> bool:
-    """Whether this process's background import completed without error."""
-    return "ended" in stats and "error" not in stats
 
 
 def idle_thread_priority() -> str:
