@@ -1,16 +1,11 @@
 """Background import of torch's DCP for the checkpoint service's actors.
 
-The writers start without torch (3-4 s to import on a small CPU machine), so the service is
-up while the ranks still start. Their first write needs DCP's types, though; importing them
-then made the first checkpoint of a run seconds late, and a rank failing meanwhile lost every
-save of its attempt. So each writer imports them on a background thread as it starts, and
-whatever carries DCP types to it travels as bytes, unpickled only after that import is done:
-never two threads inside torch's import at once.
-
-That thread runs at Linux's SCHED_IDLE priority: it only uses CPU the node's ranks leave idle,
-so the import no longer delays the ranks' own start-up on a small node (a writer's import was
-a third of the CPU spent on a 2-core node before the first step). A save that reaches a writer
-before the import is done waits for it in the background; training does not.
+The writers and the commit coordinator start without torch (3-4 s to import on a small CPU
+machine), so the service is up while the ranks still start. Their first write and first commit
+need DCP's types, though; importing them then made the first checkpoint of a run seconds late,
+and a rank failing meanwhile lost every save of its attempt. So each actor imports them on a
+background thread as it starts, and whatever carries DCP types to it travels as bytes, unpickled
+only after that import is done: never two threads inside torch's import at once.
 """
 
 from __future__ import annotations
@@ -33,10 +28,6 @@ class WarmImport:
         threading.Thread(target=self._run, name="rr-warm-import", daemon=True).start()
 
     def _run(self) -> None:
-        if self._modules:
-            from ray_resilience._internal.worker_setup import idle_thread_priority  # noqa: PLC0415
-
-            idle_thread_priority()
         try:
             for name in self._modules:
                 importlib.import_module(name)
