@@ -77,6 +77,24 @@ def _booted_after(before: set[int], timeout_s: float = 30) -> set[int]:
     return booted
 
 
+def _idle_class_threads(pid: int) -> list[int]:
+    """Threads of `pid` scheduled in SCHED_IDLE (field 41 of /proc/<pid>/task/<tid>/stat)."""
+    found = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[38]) == os.SCHED_IDLE:  # fields after "(comm)" start at field 3
+            found.append(int(tid))
+    return found
+
+
 def _rank_actor(env: dict[str, str]):
     from ray import cloudpickle
 
@@ -101,7 +119,11 @@ def test_a_rank_process_booted_ahead_imports_torch_at_idle_priority_for_the_next
         assert WorkerPrestarter(1).request([node], serialized) == [node]
         booted = _booted_after(before)
         assert booted, "the raylet started no idle worker"
-        time.sleep(1.0)  # the hook's thread starts as the process boots
+        # Seen from outside: the booted process runs a thread in the SCHED_IDLE class.
+        deadline = time.monotonic() + 30
+        while not any(_idle_class_threads(p) for p in booted) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(_idle_class_threads(p) for p in booted), "no idle-priority import thread"
         asked_at = time.time()
         second = _rank_actor(env)
         actors.append(second)
