@@ -56,10 +56,7 @@ def test_raylet_boots_an_idle_worker_that_the_next_actor_takes(ray_session):
     before = _settled_idle_workers()
     prestarter = WorkerPrestarter(1)
     assert prestarter.request([node, node]) == [node] and prestarter.requested == {node: 1}
-    deadline, booted = time.monotonic() + 30, set()
-    while not booted and time.monotonic() < deadline:
-        time.sleep(0.2)
-        booted = _idle_workers() - before
+    booted = _booted_after(before)
     assert booted, "the raylet started no idle worker"
     idle = _idle_workers()
     probe = _Probe.remote()
@@ -131,7 +128,7 @@ def test_a_rank_process_booted_ahead_imports_torch_at_idle_priority_for_the_next
         assert info["pid"] in booted  # the rank took the process booted for it
         pre = info["preimport"]
         assert "error" not in pre, pre
-        assert pre["started"] < asked_at <= pre["ended"] + 60
+        assert pre["started"] < asked_at  # it began before this rank was asked for
         assert pre["policy"] == "idle" and pre["seconds"] > 0.1  # it did the imports itself
         # A process booted without the rank env (another actor of the job) never imports.
         plain = _Probe.options(runtime_env={"env_vars": {"RR_TEST_RANK_ENV": "1"}}).remote()

@@ -134,15 +134,12 @@ def _exit_when_run_ends(key: str) -> None:
 
     while not _claimed.wait(WATCH_INTERVAL_S):
         try:
-            if _internal_kv_get(key, namespace=KV_NAMESPACE) is None:
-                break
+            ended = _internal_kv_get(key, namespace=KV_NAMESPACE) is None
         except Exception:  # noqa: BLE001 - GCS unreachable for now: ask again later
             continue
-    else:
-        return
-    if not _claimed.is_set():
-        log.info("rank pre-import: run %s ended with this process unused; exiting", key)
-        os._exit(0)
+        if ended and not _claimed.is_set():
+            log.info("rank pre-import: run %s ended with this process unused; exiting", key)
+            os._exit(0)
 
 
 def switch(key: str, on: bool) -> bool:
@@ -167,14 +164,11 @@ def start_preimport(modules: tuple[str, ...] = PREIMPORT_MODULES) -> None:
     global _thread
     if _thread is not None:
         return
-    try:
-        for name in _NORMAL_PRIORITY_MODULES:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
-    except Exception as exc:  # noqa: BLE001 - see the module docstring
-        log.warning("rank pre-import: %s: %s", type(exc).__name__, exc)
+    for name in _NORMAL_PRIORITY_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     _thread = threading.Thread(target=_preimport, args=(modules,), name="rr-preimport", daemon=True)
     _thread.start()
 
@@ -192,7 +186,7 @@ def claim() -> float:
     return time.monotonic() - t0
 
 
-def idle_thread_priority() -> str:
+def _idle_thread_priority() -> str:
     """Moves the calling thread (only it, and threads it starts later) to Linux's SCHED_IDLE
     class, else to nice 19; returns which ("idle", "nice", "normal" when neither was
     allowed). Irreversible without CAP_SYS_NICE: only for threads that do optional work."""
@@ -212,7 +206,7 @@ def _preimport(modules: tuple[str, ...]) -> None:
     stats["started"] = time.time()
     t0 = time.thread_time()
     try:
-        stats["policy"] = idle_thread_priority()
+        stats["policy"] = _idle_thread_priority()
         import importlib
 
         for name in modules:
