@@ -23,7 +23,7 @@ from ray_resilience.checkpoint.readers import SafeLoadPlanner, StorageShardReade
 from ray_resilience.checkpoint.shard_io import read_verified, write_shard
 from ray_resilience.checkpoint.snapshot import StagingBuffers, capture, state_dict_of
 from ray_resilience.checkpoint.storage import CheckpointStorage
-from ray_resilience.checkpoint.types import SaveTicket, ShardPayload
+from ray_resilience.checkpoint.types import SaveTicket
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,7 +124,7 @@ def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int, e
     buffers = StagingBuffers(items, tensors)
     buffers.copy_now(tensors, list(range(len(tensors))))
     ticket = SaveTicket(SESSION, step, 0, 1, items, [True] * len(items), planner_data, time.time())
-    payload = ShardPayload(buffers.arrays, blobs, encode_extra(extra))
+    payload = buffers.payload(blobs, encode_extra(extra))
     files, written, infos = write_shard(storage, ticket, payload)
     step_dir = layout.StepDir(step, SESSION)
     metadata = build_metadata([(written, infos)], planner_data=planner_data,

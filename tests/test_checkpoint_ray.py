@@ -274,3 +274,49 @@ def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
     finally:
         stop_ranks(ranks)
         service.shutdown()
+
+
+def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ray_session, tmp_path):
+    """A rank sends its save plan (every item, the planner data) to a writer once; later tickets
+    carry only the plan's id. A writer that does not hold the plan (a replacement, or a new
+    plan) answers NEED_PLAN and takes nothing; once it holds it, a lean ticket's shard is
+    written with every item."""
+    from ray_resilience.checkpoint.extra_codec import encode_extra
+    from ray_resilience.checkpoint.snapshot import StagingBuffers
+    from ray_resilience.checkpoint.state_cache import StateCache
+    from ray_resilience.checkpoint.types import NEED_PLAN, SaveTicket
+    from ray_resilience.checkpoint.warm_import import dumps
+
+    service = start_service(str(tmp_path), 1)
+    try:
+        writer = service.rank_spec(0).writer
+        model = build_model("tiny", seed=0)
+        source = StateCache().source(model, None)
+        buffers = StagingBuffers(source.items, source.tensors)
+        buffers.copy_now(source.tensors, list(range(len(source.tensors))))
+        session = "00000000000000cc"
+
+        def ticket(step: int, *, lean: bool) -> bytes:
+            return dumps(SaveTicket(session=session, step=step, rank=0, world_size=1,
+                                    items=None if lean else source.items, owned=[True] * len(source.items),
+                                    planner_data=None if lean else source.planner_data,
+                                    staged_at=time.time(), plan_id=source.plan_id))
+
+        def send(step: int, *, lean: bool):
+            ref = ray.put(buffers.payload(source.blobs, encode_extra({"step": step})))
+            return ray.get(writer.receive.remote(ticket(step, lean=lean), [ref]), timeout=60)
+
+        assert send(1, lean=True) == NEED_PLAN
+        assert ray.get(writer.stats.remote())["received"] == 0  # nothing taken
+        assert send(1, lean=False) is None
+        assert send(2, lean=True) is None  # the writer filled in the plan it holds
+        for step in (1, 2):
+            outcome = ray.get(writer.wait.remote((session, step, 0), 60.0), timeout=90)
+            assert outcome is not None and outcome.ok, outcome
+        assert ray.get(writer.stats.remote())["received"] == 2
+        # The lean ticket's shard holds every item, as the full one's does.
+        sizes = [os.path.getsize(os.path.join(step_folder(str(tmp_path), "run", step), "__0_0.distcp"))
+                 for step in (1, 2)]
+        assert sizes[0] == sizes[1] > buffers.nbytes, sizes
+    finally:
+        service.shutdown()

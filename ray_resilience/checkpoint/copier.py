@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import queue
 import threading
 import time
 import weakref
@@ -63,11 +64,12 @@ class Copier:
     """The background copies of one rank. Shares the pipeline's condition variable; `done` is
     called (under it) when a slot's copy is complete, with the torn tensor's name or None."""
 
-    def __init__(self, *, rank: int, cond: threading.Condition, wake: threading.Condition,
-                 stats: RankSaveStats, done: Any, delay_s: float = 0.0) -> None:
+    def __init__(self, *, rank: int, cond: threading.Condition, stats: RankSaveStats, done: Any,
+                 delay_s: float = 0.0) -> None:
         self.rank, self._cond, self._stats, self._done, self._delay_s = rank, cond, stats, done, delay_s
-        self._wake = wake
-        """Shares `cond`'s lock; only the copy thread waits on it (a new job, or close)."""
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        """One token per job (or close); only the copy thread takes them. A C-level queue: the
+        training thread wakes the copier without running `Condition.notify`'s Python."""
         self._jobs: collections.deque[CopyJob] = collections.deque()
         self._running = 0
         self._gpu_jobs: list[CopyJob] = []
@@ -94,7 +96,7 @@ class Copier:
             self._cond.notify_all()
             return
         self._jobs.append(job)
-        self._wake.notify()  # the copy thread alone; its completion wakes the rounds thread
+        self._wake.put(None)  # the copy thread alone; its completion wakes the rounds thread
 
     def guard(self, optimizer: torch.optim.Optimizer) -> None:
         """Makes `optimizer.step` wait for copies in flight (once per optimizer)."""
@@ -140,7 +142,7 @@ class Copier:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            self._wake.notify_all()
+        self._wake.put(None)
         self._thread.join(timeout=30)
         self.unguard_all()
 
@@ -148,11 +150,12 @@ class Copier:
 
     def _run(self) -> None:
         while True:
+            self._wake.get()
             with self._cond:
-                while not self._jobs and not self._closed:
-                    self._wake.wait()
                 if self._closed:
                     return
+                if not self._jobs:  # defensive: tokens and jobs are one to one
+                    continue
                 job = self._jobs.popleft()
                 self._running += 1
             try:

@@ -27,19 +27,38 @@ _DTYPES: dict[str, torch.dtype] = {
 _SCALARS = (type(None), bool, int, float, str)
 
 
-def encode_extra(extra: dict[str, Any]) -> bytes:
-    """Serializes `extra`; raises CheckpointStateError (a TypeError) naming the offending key."""
+class ExtraSnapshot:
+    """`extra` taken apart at save time: a fresh tagged tree of its values and a copy of each
+    tensor's bytes. Nothing in it refers to the caller's objects, so `encode` may run later on
+    another thread (a save's JSON header is built off the training thread)."""
+
+    __slots__ = ("_values", "_tensors")
+
+    def __init__(self, values: dict, tensors: list[tuple[str, list[int], bytes]]) -> None:
+        self._values, self._tensors = values, tensors
+
+    def encode(self) -> bytes:
+        blobs, table, offset = [], [], 0
+        for dtype, shape, raw in self._tensors:
+            table.append({"dtype": dtype, "shape": shape, "offset": offset, "nbytes": len(raw)})
+            blobs.append(raw)
+            offset += len(raw)
+        header = json.dumps({"values": self._values, "tensors": table}, allow_nan=True).encode()
+        return b"".join([MAGIC, _HEADER.pack(len(header)), header, *blobs])
+
+
+def snapshot_extra(extra: dict[str, Any]) -> ExtraSnapshot:
+    """Checks and copies `extra` now; raises CheckpointStateError (a TypeError) naming the
+    offending key."""
     if not isinstance(extra, dict):
         raise CheckpointStateError("<extra>", f"must be a dict, got {type(extra).__name__}")
     tensors: list[tuple[str, list[int], bytes]] = []
-    values = _encode_dict(extra, "", tensors)
-    blobs, table, offset = [], [], 0
-    for dtype, shape, raw in tensors:
-        table.append({"dtype": dtype, "shape": shape, "offset": offset, "nbytes": len(raw)})
-        blobs.append(raw)
-        offset += len(raw)
-    header = json.dumps({"values": values, "tensors": table}, allow_nan=True).encode()
-    return b"".join([MAGIC, _HEADER.pack(len(header)), header, *blobs])
+    return ExtraSnapshot(_encode_dict(extra, "", tensors), tensors)
+
+
+def encode_extra(extra: dict[str, Any]) -> bytes:
+    """Serializes `extra`; raises CheckpointStateError (a TypeError) naming the offending key."""
+    return snapshot_extra(extra).encode()
 
 
 def _encode_dict(value: dict, path: str, tensors: list[tuple[str, list[int], bytes]]) -> dict:

@@ -221,12 +221,11 @@ def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     from ray_resilience.checkpoint.extra_codec import encode_extra  # noqa: PLC0415
     from ray_resilience.checkpoint.snapshot import StagingBuffers  # noqa: PLC0415
     from ray_resilience.checkpoint.state_cache import StateCache  # noqa: PLC0415
-    from ray_resilience.checkpoint.types import ShardPayload  # noqa: PLC0415
 
     source = StateCache().source(model, optimizer)
     buffers = StagingBuffers(source.items, source.tensors)
     buffers.copy_now(source.tensors, list(range(len(source.tensors))))
-    ref = ray.put(ShardPayload(buffers.arrays, source.blobs, encode_extra({"step": 0})))
+    ref = ray.put(buffers.payload(source.blobs, encode_extra({"step": 0})))
     state = state_dict_of(model, optimizer)
     if _load_snapshot(model, optimizer, state, source.items, ref, where="warm-up") is None:
         raise RuntimeError("warm-up: the rebuilt save plan differs from the cached one")

@@ -228,16 +228,14 @@ class LocalSnapshots:
             again = self._read_header(slot)  # a stale writer (a hung rank not yet gone)?
             if again is None or again[1] != header:
                 return None
-            view, arrays, at = np.frombuffer(data, np.uint8), [], 0
-            for n in tensor_sizes:
-                arrays.append(view[at:at + n])
-                at += n
+            at = sum(tensor_sizes)
             blobs = []
             for n in header["blobs"]:
                 blobs.append(bytes(data[at:at + n]))
                 at += n
             self._newest = slot
-            return ShardPayload(arrays, blobs, bytes(data[at:at + header["extra"]]))
+            return ShardPayload.packed(np.frombuffer(data, np.uint8), tensor_sizes, blobs,
+                                       bytes(data[at:at + header["extra"]]))
         return None
 
     def keep_only(self, session: str | None, step: int | None) -> None:

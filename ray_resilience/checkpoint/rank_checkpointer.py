@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ray_resilience.checkpoint.agreement import Agreement
-from ray_resilience.checkpoint.extra_codec import encode_extra
+from ray_resilience.checkpoint.extra_codec import ExtraSnapshot, snapshot_extra
 from ray_resilience.checkpoint.handoff import HandoffPipeline, WriterLink
 from ray_resilience.checkpoint.loader import LoadTarget, load_newest
 from ray_resilience.checkpoint.local_tier import LocalSnapshots, node_root
@@ -80,7 +80,7 @@ class RankCheckpointer:
             raise RuntimeError("RankCheckpointer.save() after close()")
         start = time.perf_counter()
         self._stats.counts["requested"] += 1
-        extra_bytes = encode_extra(extra or {})
+        extra_state = snapshot_extra(extra or {})  # encoded by the background hand-off
         if self._session is None:  # a loop that saves without loading first
             self._begin_session()
         if self.config.in_flight_policy == "block":
@@ -93,12 +93,12 @@ class RankCheckpointer:
         overlap = self.config.overlaps_copy(source.tensor_bytes, has_optimizer=optimizer is not None)
         if overlap:
             self._pipeline.copier.guard(optimizer)
-        staged = self._pipeline.stage(step, source, extra_bytes, copy_all_now=not overlap)
+        staged = self._pipeline.stage(step, source, extra_state, copy_all_now=not overlap)
         self._stats.phase("copy", copied)
         blocked = time.perf_counter() - start
         self._stats.blocking_s.append(blocked)
         if local:
-            self._write_local(step, source, extra_bytes)
+            self._write_local(step, source, extra_state)
         return blocked if staged else None
 
     def _save_local(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -106,15 +106,15 @@ class RankCheckpointer:
         if self._closed:
             raise RuntimeError("RankCheckpointer.save() after close()")
         start = time.perf_counter()
-        extra_bytes = encode_extra(extra or {})
+        extra_state = snapshot_extra(extra or {})
         if self._session is None:
             self._begin_session()
-        self._write_local(step, self._cache.source(model, optimizer), extra_bytes, start=start)
+        self._write_local(step, self._cache.source(model, optimizer), extra_state, start=start)
 
-    def _write_local(self, step: int, source: Any, extra_bytes: bytes, start: float | None = None) -> None:
+    def _write_local(self, step: int, source: Any, extra: ExtraSnapshot, start: float | None = None) -> None:
         start = time.perf_counter() if start is None else start
         assert self._local is not None and self._session is not None
-        if self._local.save(step, self._session, source, extra_bytes):
+        if self._local.save(step, self._session, source, extra.encode()):
             self._local_blocking.append((step, time.perf_counter() - start))
 
     def take_local_blocking(self) -> list[tuple[int, float]]:

@@ -42,7 +42,8 @@ class Slot:
     state: SlotState = SlotState.FREE
     ticket: SaveTicket | None = None
     blobs: list[bytes] = dataclasses.field(default_factory=list)
-    extra: bytes = b""
+    extra: Any = None
+    """The step's `ExtraSnapshot` (encoded when the slot is handed off)."""
     torn: str | None = None
     """Why the snapshot cannot be trusted (a tensor changed while it was copied)."""
     event: Any = None
@@ -53,7 +54,7 @@ class Slot:
         return None if self.ticket is None else self.ticket.step
 
     def release(self) -> None:
-        self.state, self.ticket, self.blobs, self.extra = SlotState.FREE, None, [], b""
+        self.state, self.ticket, self.blobs, self.extra = SlotState.FREE, None, [], None
         self.torn, self.event = None, None
 
 

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.planner import WriteItem
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
-from ray_resilience.checkpoint.types import is_tensor_item, item_nbytes
+from ray_resilience.checkpoint.types import ShardPayload, is_tensor_item, item_nbytes
 
 MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
 
@@ -94,21 +94,37 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 class StagingBuffers:
-    """One set of host buffers, one per tensor item, reused across saves."""
+    """One set of host buffers, one per tensor item, reused across saves: views into a single
+    flat allocation (64-byte aligned items), handed to the writer as one array (`payload`)."""
+
+    ALIGN = 64
 
     def __init__(self, items: list[WriteItem], sources: list[torch.Tensor]) -> None:
         tensor_items = [i for i in items if is_tensor_item(i)]
         self.key = tuple((tuple(i.tensor_data.chunk.sizes), i.tensor_data.properties.dtype)
                          for i in tensor_items)
         self._items = items
-        self.buffers = [
-            torch.empty(tuple(item.tensor_data.chunk.sizes), dtype=item.tensor_data.properties.dtype,
-                        pin_memory=src.is_cuda)
-            for item, src in zip(tensor_items, sources, strict=True)]
-        self.arrays: list[np.ndarray] = [
-            b.reshape(-1).view(torch.uint8).numpy() if b.numel() else np.empty(0, np.uint8)
-            for b in self.buffers]
-        self.nbytes = sum(item_nbytes(i) for i in tensor_items)
+        self.spans: list[tuple[int, int]] = []
+        at = 0
+        for item in tensor_items:
+            n = item_nbytes(item)
+            self.spans.append((at, n))
+            at += -(-n // self.ALIGN) * self.ALIGN
+        self.flat = torch.empty(at, dtype=torch.uint8, pin_memory=any(src.is_cuda for src in sources))
+        self.buffers = [self._view(item, offset, n) for item, (offset, n) in zip(tensor_items, self.spans,
+                                                                                 strict=True)]
+        self.data: np.ndarray = self.flat.numpy()
+        self.nbytes = sum(n for _, n in self.spans)
+
+    def _view(self, item: WriteItem, offset: int, n: int) -> torch.Tensor:
+        shape, dtype = tuple(item.tensor_data.chunk.sizes), item.tensor_data.properties.dtype
+        if not n:
+            return torch.empty(shape, dtype=dtype)
+        return self.flat[offset:offset + n].view(dtype).view(shape)
+
+    def payload(self, blobs: list[bytes], extra: bytes) -> ShardPayload:
+        """The snapshot as one flat array (and the byte items and extra state) for the writer."""
+        return ShardPayload(self.data, self.spans, blobs, extra)
 
     def matches(self, items: list[WriteItem]) -> bool:
         if items is self._items:  # the cached plan of the same state: same layout

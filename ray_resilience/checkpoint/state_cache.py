@@ -176,7 +176,9 @@ class StateCache:
 def _new_plan(state: CapturedState) -> _Plan:
     items, planner_data = state.build_items()
     keys = [(f"{i.index.fqn}|{tuple(i.index.offset or ())}", item_nbytes(i)) for i in items]
-    plan_id = hashlib.sha1(repr(keys).encode()).hexdigest()[:16]
+    # Every field of every item and the planner data: a writer that caches the plan by this id
+    # must never pair a ticket with items that differ in anything (a dtype, a shape).
+    plan_id = hashlib.sha1(repr((items, sorted(planner_data.items()))).encode()).hexdigest()[:16]
     tensor_bytes = sum(item_nbytes(i) for i in items if is_tensor_item(i))
     return _Plan(items, planner_data, plan_id, keys, tensor_bytes)
 

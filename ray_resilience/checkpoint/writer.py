@@ -27,11 +27,13 @@ from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
 from ray_resilience.checkpoint.local_tier import RootLock, node_root
 from ray_resilience.checkpoint.storage import CheckpointStorage, retrying
-from ray_resilience.checkpoint.types import MemoryEntry, SaveTicket, ShardOutcome, ShardReport
+from ray_resilience.checkpoint.types import NEED_PLAN, MemoryEntry, SaveTicket, ShardOutcome, ShardReport
 from ray_resilience.checkpoint.warm_import import WarmImport, dumps
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, int, int]  # (session, step, rank)
+MAX_PLANS = 256
+"""Save plans a writer keeps (a plan changes only when a rank's state changes structure)."""
 REPLICA_GET_TIMEOUT_S = 300.0
 """How long a replica waits for the primary's copy of the shard (a cross-node transfer)."""
 
@@ -56,6 +58,8 @@ class CheckpointWriter:
         self._shards: dict[Key, _Shard] = {}
         self._outcomes: dict[Key, ShardOutcome] = {}
         self._memory: dict[int, MemoryEntry] = {}
+        self._plans: dict[tuple[int, str], tuple[list, dict]] = {}
+        """(rank, plan id) -> (items, planner data) of the plans ranks sent, newest last."""
         self._replicas: dict[int, MemoryEntry] = {}
         """Other writers' ranks' shards of the newest commit, held as replicas."""
         self._commit_seq = 0
@@ -85,10 +89,23 @@ class CheckpointWriter:
         self._warm.wait()
         return True
 
-    def receive(self, message: bytes, boxed: list[Any]) -> None:
+    def receive(self, message: bytes, boxed: list[Any]) -> str | None:
         """Takes a rank's snapshot (its `SaveTicket` pickled: it holds DCP types, see
-        `warm_import`): copies it into a writer-owned object, queues the write."""
+        `warm_import`): copies it into a writer-owned object, queues the write. A ticket may
+        leave out the plan (items, planner data) this writer got with an earlier one; returns
+        `NEED_PLAN`, taking nothing, when it does not hold that plan."""
         ticket: SaveTicket = self._warm.loads(message)
+        plan_key = (ticket.rank, ticket.plan_id)
+        with self._cond:
+            if ticket.items is not None:
+                self._plans.pop(plan_key, None)  # re-inserted last: the newest plans stay
+                self._plans[plan_key] = (ticket.items, ticket.planner_data)
+                while len(self._plans) > MAX_PLANS:
+                    del self._plans[next(iter(self._plans))]
+            elif plan_key in self._plans:
+                ticket.items, ticket.planner_data = self._plans[plan_key]
+            else:
+                return NEED_PLAN
         payload = ray.get(boxed[0])
         own = ray.put(payload)
         nbytes = payload.nbytes
@@ -101,6 +118,7 @@ class CheckpointWriter:
             self._shards[ticket.key] = _Shard(ticket, [own], nbytes)
             self._counts["received"] += 1
         self._pool.submit(self._persist, ticket.key)
+        return None
 
     def _persist(self, key: Key) -> None:
         with self._cond:
