@@ -36,6 +36,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "jobs")]
 from bench_checkpoint_rank import BenchRank  # noqa: E402
 
 from ray_resilience.checkpoint import CheckpointConfig, CheckpointService  # noqa: E402
+from ray_resilience.checkpoint.config import WRITER_PRIORITIES  # noqa: E402
 
 METHODS = ["torch_save", "dcp_sync", "dcp_async", "ours_coalesce", "ours_skip", "ours_block"]
 SWEEPS = {  # preset: (steps per configuration, intervals)
@@ -75,9 +76,10 @@ def summarize(preset: str, method: str, interval: int, results: list[dict], base
 class Bench:
     """Ranks of one model preset, reused across every configuration."""
 
-    def __init__(self, preset: str, world_size: int, storage: str) -> None:
+    def __init__(self, preset: str, world_size: int, storage: str, writer_priority: str) -> None:
         import socket
 
+        self.writer_priority = writer_priority
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -95,7 +97,8 @@ class Bench:
                 storage_path=self.storage, run_name=f"{self.preset}-{method}-{interval}",
                 storage_filesystem=None, world_size=self.world_size,
                 node_ids_by_rank=[self.node] * self.world_size,
-                config=CheckpointConfig(in_flight_policy=method.split("_", 1)[1]))
+                config=CheckpointConfig(in_flight_policy=method.split("_", 1)[1],
+                                        writer_priority=self.writer_priority))
             # Steady-state saves only: the service's one-time import of DCP (a few CPU-seconds,
             # which a run overlaps with its ranks' start-up) must not compete with the timed steps.
             service.wait_ready()
@@ -131,7 +134,7 @@ class Bench:
 
 
 def run_preset(preset: str, steps: int, intervals: list[int], args: argparse.Namespace) -> list[dict]:
-    bench = Bench(preset, args.world_size, args.storage)
+    bench = Bench(preset, args.world_size, args.storage, args.writer_priority)
     rows = []
     try:
         print(f"[{preset}] {bench.state_bytes / 1e6:.0f} MB of model + optimizer state "
@@ -187,6 +190,8 @@ def main() -> None:
     parser.add_argument("--storage", default=None, help="checkpoint folder (default: a temp dir)")
     parser.add_argument("--results", default=os.path.join(ROOT, "results", "bench_checkpoint"))
     parser.add_argument("--address", default=None, help="Ray address (default: a private local Ray)")
+    parser.add_argument("--writer-priority", default=CheckpointConfig().writer_priority,
+                        choices=list(WRITER_PRIORITIES), help="CheckpointConfig.writer_priority for ours")
     args = parser.parse_args()
     args.storage = args.storage or tempfile.mkdtemp(prefix="rr-bench-ckpt-")
     ray_dir = None
@@ -213,7 +218,8 @@ def main() -> None:
     os.makedirs(args.results, exist_ok=True)
     path = os.path.join(args.results, f"bench_checkpoint_{time.strftime('%Y%m%d-%H%M%S')}.json")
     meta = {"torch": torch.__version__, "ray": ray.__version__, "cpus": os.cpu_count(),
-            "python": platform.python_version(), "world_size": args.world_size, "quick": args.quick}
+            "python": platform.python_version(), "world_size": args.world_size, "quick": args.quick,
+            "writer_priority": args.writer_priority}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print("\nall configurations:\n")

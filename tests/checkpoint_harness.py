@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 import torch
+from torch.distributed.tensor import DTensor
 
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
@@ -138,6 +139,13 @@ class RankActor:
         same = [k for k in expected if torch.equal(expected[k], changed[k]) and not k.endswith(".step")]
         assert not same, f"the mutation left {same[:3]} unchanged"
         return expected
+
+    def replace_storage(self) -> None:
+        """Moves the first parameter's `exp_avg` shard into new storage (same values, same
+        tensor object): from now on training updates the new storage only."""
+        value = self.optimizer.state[next(iter(self.model.parameters()))]["exp_avg"]
+        local = value._local_tensor if isinstance(value, DTensor) else value
+        local.data = local.data.clone()
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -74,6 +74,29 @@ def test_sync_snapshot_is_exact_even_under_in_place_writes(ranks_with_slow_copy)
     assert_same(expected, on_all(ranks, "full_state")[0])
 
 
+def test_replaced_storage_drops_that_save_and_the_next_one_is_exact(ranks_with_slow_copy):
+    """The plan's tensors are checked for replaced storage where they are copied (after `save`
+    returns): a save that would copy a tensor training no longer updates is dropped, and the
+    next one rebuilds its plan and holds the values at save time."""
+    service, ranks = ranks_with_slow_copy
+    on_all(ranks, "save", 2)  # builds the plan
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 2)
+    on_all(ranks, "replace_storage")
+    on_all(ranks, "train", 1, save=False)  # the optimizer updates the new storage only
+    on_all(ranks, "save", 3)
+    assert all(on_all(ranks, "wait_idle"))
+    assert all(s["torn"] == 1 for s in on_all(ranks, "stats"))
+    time.sleep(0.5)
+    assert service.stats()["committed_steps"] == [2]  # never step 3 with the stale moments
+    on_all(ranks, "train", 1, save=False)
+    expected = on_all(ranks, "save_then_mutate", 5, "optimizer")[0]
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 5)
+    assert [r["step"] for r in on_all(ranks, "load")] == [5, 5]
+    assert_same(expected, on_all(ranks, "full_state")[0])
+
+
 def test_later_saves_reuse_the_plan_but_see_new_settings(ranks_with_slow_copy):
     service, ranks = ranks_with_slow_copy
     on_all(ranks, "save", 3)

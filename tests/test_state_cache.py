@@ -76,6 +76,28 @@ def test_any_replaced_tensor_rebuilds_the_plan(change):
         assert len(again.tensors) > len(first.tensors)
 
 
+def test_a_copy_made_later_finds_replaced_storage_and_the_next_source_rebuilds():
+    """With the copy after `save` (`copies_later`), parameters' and moments' storage is checked
+    by the copier (`SaveSource.moved`), not at every save; once it found one replaced, the
+    cache rebuilds and checks storage at every save from then on."""
+    model, optimizer = _trained()
+    cache = StateCache()
+    later = lambda nbytes: True  # noqa: E731
+    first = cache.source(model, optimizer, later)
+    assert first.moved(first.overlap) is None
+    param = next(model.parameters())
+    param.data = param.data.clone()
+    again = cache.source(model, optimizer, later)
+    assert again.tensors is first.tensors  # not checked here ...
+    assert again.moved(again.overlap) == "model." + next(n for n, _ in model.named_parameters())
+    again.on_moved()  # ... but where it is copied
+    rebuilt = cache.source(model, optimizer, later)
+    assert rebuilt.tensors is not first.tensors and _live_ptrs(model, optimizer) <= _ptrs(rebuilt)
+    assert rebuilt.moved(rebuilt.overlap) is None
+    param.data = param.data.clone()  # from now on caught at the save itself
+    assert cache.source(model, optimizer, later).tensors is not rebuilt.tensors
+
+
 def test_a_shared_module_is_walked_once():
     model, optimizer = _trained()
     model.alias = model.layers[0]  # the same module under two names

@@ -186,27 +186,13 @@ def claim() -> float:
     return time.monotonic() - t0
 
 
-def _idle_thread_priority() -> str:
-    """Moves the calling thread (only it, and threads it starts later) to Linux's SCHED_IDLE
-    class, else to nice 19; returns which ("idle", "nice", "normal" when neither was
-    allowed). Irreversible without CAP_SYS_NICE: only for threads that do optional work."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only (Linux)
-        return "idle"
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        return "nice"
-    except (AttributeError, OSError):
-        return "normal"
-
-
 def _preimport(modules: tuple[str, ...]) -> None:
     stats["started"] = time.time()
     t0 = time.thread_time()
     try:
-        stats["policy"] = _idle_thread_priority()
+        from ray_resilience._internal.priority import lower_thread
+
+        stats["policy"] = lower_thread("background")
         import importlib
 
         for name in modules:

@@ -12,6 +12,8 @@ InFlightPolicy = Literal["coalesce", "skip", "block"]
 IN_FLIGHT_POLICIES: tuple[str, ...] = ("coalesce", "skip", "block")
 SnapshotMode = Literal["auto", "overlap", "sync"]
 SNAPSHOT_MODES: tuple[str, ...] = ("auto", "overlap", "sync")
+WriterPriority = Literal["background", "low", "inherit"]
+WRITER_PRIORITIES: tuple[str, ...] = ("background", "low", "inherit")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -72,6 +74,13 @@ class CheckpointConfig:
     together with `local_interval_steps` for larger shards."""
     writers_per_node: int = 1
     """Writer actors per node hosting ranks; ranks on a node are spread across them."""
+    writer_priority: WriterPriority = "background"
+    """CPU priority of the writers' threads. Ray starts every worker at nice 15, the ranks
+    included, so at "inherit" a writer competes with training threads as an equal (on a busy
+    node, a rank waits for a core a writer holds). "low": nice 19. "background" (the default):
+    Linux `SCHED_IDLE` (nice 19 where that is not allowed): writes run on CPU time the ranks
+    leave idle and a waking rank preempts them at once; when the ranks keep every core busy, a
+    write takes longer and `in_flight_policy` decides what happens to saves meanwhile."""
     num_storage_retries: int = 3
     """Retries of a failed storage write (S3 outage, network) before the save is given up."""
     storage_retry_backoff_s: float = 1.0
@@ -103,6 +112,10 @@ class CheckpointConfig:
         self._check_int("num_to_keep", minimum=2,
                         fix="keep at least 2 so a crash while writing leaves one loadable checkpoint.")
         self._check_int("writers_per_node", minimum=1, fix="use at least 1 writer per node.")
+        if self.writer_priority not in WRITER_PRIORITIES:
+            raise ConfigError("CheckpointConfig.writer_priority", self.writer_priority,
+                              f"must be one of {WRITER_PRIORITIES}; 'background' writes on CPU time "
+                              "training leaves idle.")
         self._check_int("auto_sync_max_bytes", minimum=0,
                         fix="give a byte count (0: always overlap under snapshot='auto').")
         self._check_int("num_storage_retries", minimum=0, fix="use 0 to never retry.")

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ray_resilience.checkpoint.slots import RankSaveStats, Slot
+from ray_resilience.checkpoint.state_cache import SaveSource
 
 logger = logging.getLogger(__name__)
 GUARD_WAIT_REPORTED_S = 50e-6
@@ -37,27 +38,36 @@ GUARD_WAIT_REPORTED_S = 50e-6
 @dataclasses.dataclass
 class CopyJob:
     slot: Slot
-    tensors: list[torch.Tensor]
+    source: SaveSource
+    """The save's inputs: live tensors, their holders and names, the addresses to check."""
     which: list[int]
-    holders: list[torch.Tensor]
-    """Per tensor, the object whose version counter in-place writes move (see SaveSource)."""
     versions: list[int]
-    names: list[str]
     event: Any = None
     error: str | None = None
+    moved: str | None = None
+    """The tensor whose storage was found replaced before the copy (the save is dropped)."""
 
     def changed(self) -> str | None:
         """The first tensor whose version moved since the save, if any."""
+        holders = self.source.holders
         for i, version in zip(self.which, self.versions, strict=True):
-            if self.holders[i]._version != version:
-                return self.names[i]
+            if holders[i]._version != version:
+                return self.source.names[i]
         return None
 
+    def check_storage(self) -> bool:
+        """False (and the save's plan marked stale) when a tensor's storage was replaced since
+        the plan was built: the copy would read a tensor training no longer uses."""
+        self.moved = self.source.moved(self.which)
+        if self.moved is not None:
+            self.source.on_moved()
+        return self.moved is None
 
-def new_job(slot: Slot, tensors: list[torch.Tensor], which: list[int], holders: list[torch.Tensor],
-            names: list[str]) -> CopyJob:
+
+def new_job(slot: Slot, source: SaveSource, which: list[int]) -> CopyJob:
     """Taken on the training thread at `save`: the versions the copy must still see."""
-    return CopyJob(slot, tensors, which, holders, [holders[i]._version for i in which], names)
+    holders = source.holders
+    return CopyJob(slot, source, which, [holders[i]._version for i in which])
 
 
 class Copier:
@@ -84,10 +94,14 @@ class Copier:
 
     def submit(self, job: CopyJob) -> None:
         """Starts the copy of `job` (caller holds the condition; the slot is COPYING)."""
-        if job.tensors and job.which and job.tensors[job.which[0]].is_cuda:
+        tensors = job.source.tensors
+        if job.which and tensors[job.which[0]].is_cuda:
+            if not job.check_storage():  # no copy thread: checked here, before queueing
+                self._finish(job)
+                return
             if self._stream is None:
                 self._stream = torch.cuda.Stream()
-            job.event = job.slot.buffers.copy_on_stream(job.tensors, job.which, self._stream)
+            job.event = job.slot.buffers.copy_on_stream(tensors, job.which, self._stream)
             job.slot.event = job.event
             self._gpu_jobs.append(job)
             # No copy thread finishes a GPU job: the rounds thread settles it on the event
@@ -161,7 +175,8 @@ class Copier:
             try:
                 if self._delay_s:
                     time.sleep(self._delay_s)  # tests widen the window the guard must cover
-                job.slot.buffers.copy_now(job.tensors, job.which)
+                if job.check_storage():
+                    job.slot.buffers.copy_now(job.source.tensors, job.which)
             except Exception as exc:  # noqa: BLE001 - a failed copy loses this save only
                 job.error = f"the copy failed: {type(exc).__name__}: {exc}"
             with self._cond:
@@ -170,15 +185,22 @@ class Copier:
                 self._cond.notify_all()
 
     def _finish(self, job: CopyJob) -> None:
-        changed = None if job.error else job.changed()
-        torn = job.error or (None if changed is None else f"tensor {changed!r} changed while copied")
+        changed = None if job.error or job.moved else job.changed()
+        torn = job.error or (job.moved and f"the storage of tensor {job.moved!r} was replaced") or (
+            None if changed is None else f"tensor {changed!r} changed while copied")
         if job.error:
             logger.warning("rank %d: checkpoint of step %s dropped: %s", self.rank, job.slot.step, job.error)
+        elif job.moved is not None:
+            logger.warning(
+                "rank %d: checkpoint of step %s dropped: the storage of tensor %r was replaced "
+                "(`.data = ...` or `set_()`) since the save plan was built; the next save rebuilds "
+                "its plan and checks storage at every save from then on.", self.rank, job.slot.step,
+                job.moved)
         elif changed is not None:
             logger.warning(
                 "rank %d: checkpoint of step %s dropped: tensor %r changed while it was being "
                 "copied (the copy overlaps the next forward and backward; only optimizer.step() "
                 "waits for it). Set CheckpointConfig.snapshot='sync' if the loop changes "
                 "parameters or optimizer state outside optimizer.step().", self.rank, job.slot.step, changed)
-        job.tensors = job.holders = []  # no reference to the live state outlives the copy
+        job.source = None  # no reference to the live state outlives the copy
         self._done(job.slot, torn)

@@ -139,7 +139,7 @@ class HandoffPipeline:
         with self.cond:
             self._rounds.append(rnd)
             if later:  # wakes the copier alone; its completion wakes the rounds thread
-                self.copier.submit(new_job(slot, source.tensors, later, source.holders, source.names))
+                self.copier.submit(new_job(slot, source, later))
             else:
                 self._copied(slot, None)
         self.stats.counts["staged"] += 1

@@ -87,7 +87,8 @@ class RankCheckpointer:
             self._pipeline.wait_idle(None, why="in_flight_policy='block' waits for the previous save")
         self._stats.phase("wait", start)
         captured = time.perf_counter()
-        source = self._cache.source(model, optimizer)
+        # With the local tier every tensor is also copied now: their addresses are checked here.
+        source = self._cache.source(model, optimizer, None if local else self._copies_later(optimizer))
         self._stats.phase("capture", captured)
         copied = time.perf_counter()
         overlap = self.config.overlaps_copy(source.tensor_bytes, has_optimizer=optimizer is not None)
@@ -100,6 +101,10 @@ class RankCheckpointer:
         if local:
             self._write_local(step, source, extra_state)
         return blocked if staged else None
+
+    def _copies_later(self, optimizer: torch.optim.Optimizer | None) -> Any:
+        has_optimizer = optimizer is not None
+        return lambda tensor_bytes: self.config.overlaps_copy(tensor_bytes, has_optimizer=has_optimizer)
 
     def _save_local(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                     extra: dict[str, Any] | None) -> None:

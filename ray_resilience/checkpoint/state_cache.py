@@ -4,16 +4,27 @@ Building the DCP state dict of an FSDP2 model and its optimizer costs 10-15 ms f
 model and planning it another 25 ms. Between two saves of one attempt the state keeps its
 structure: the same parameter and optimizer-state objects hold new values. `StateCache` keeps
 the plan and the live local tensors behind it and reuses them while a fingerprint matches: the
-identity and storage address of every parameter, buffer, param-group tensor and optimizer-state
-value, plus the setting names of every param group. Any difference rebuilds from scratch. Byte
-items (the param groups' settings, such as a scheduled learning rate) are re-read from
+identity of every parameter, buffer, param-group tensor and optimizer-state value, the storage
+address of every buffer and param-group tensor, plus the setting names of every param group.
+Any difference rebuilds from scratch.
+
+The storage addresses of parameters and optimizer state (which only `optimizer.step` changes,
+so their copy may run after `save` returns) are checked where they are copied: by the copier,
+which drops the save if one was replaced (`.data = ...` or `set_()` on the same object) and has
+the next save rebuild; from then on this cache checks them at every save itself. A save that
+copies them before it returns (`copies_later` false) has them checked here. So the training
+thread touches each of those tensors once per save (their version counter), not three times.
+
+Byte items (the param groups' settings, such as a scheduled learning rate) are re-read from
 `optimizer.param_groups` at every save; a state whose byte items are anything else is rebuilt at
 every save (correct, just slower).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import hashlib
 from typing import Any
 
@@ -47,6 +58,21 @@ class SaveSource:
     blobs: list[bytes]
     tensor_bytes: int
     """Bytes of this rank's tensor items (what a snapshot copies)."""
+    addresses: list[int | None]
+    """Per tensor in `overlap`: the storage address its holder had when the plan was built
+    (None for the others, whose addresses the fingerprint covers). A copy made later checks
+    them (`moved`)."""
+    on_moved: Any
+    """Called (from any thread) when a copy found one of `addresses` changed: the next
+    `StateCache.source` rebuilds, and checks every address at every save from then on."""
+
+    def moved(self, which: list[int]) -> str | None:
+        """The name of the first tensor among `which` whose storage was replaced, if any."""
+        for i in which:
+            want = self.addresses[i]
+            if want is not None and _local(self.holders[i]).data_ptr() != want:
+                return self.names[i]
+        return None
 
 
 @dataclasses.dataclass
@@ -74,6 +100,15 @@ class _Entry:
     constant_blobs: list[bytes]
     byte_fqns: list[str]
     """The byte items' names, in plan order (the fast path re-serializes these)."""
+    addresses: list[int | None]
+    moved: bool = False
+    """A copy found a stepped tensor's storage replaced (set from the copier's thread)."""
+    on_moved: Any = None
+    settings: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    """The (group, setting) of every re-read byte item."""
+    settings_seen: list | None = None
+    """Their values (deep copies) when `blobs` was serialized."""
+    blobs: list[bytes] | None = None
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -94,26 +129,28 @@ def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[tuple, list]:
     """(fingerprint, objects it names). Equal fingerprints while the objects are pinned mean the
-    same tensors in the same storage. Built with C-level iteration where it can be: it runs at
-    every save (60-70 us for 100 tensors in a quiet process, 3-4x that right after a step)."""
+    same tensors, the buffers and param-group tensors in the same storage (see the module
+    docstring for parameters and optimizer state). Built with C-level iteration where it can
+    be: it runs at every save (right after a step, with cold caches: ~0.1 ms for 120 tensors)."""
     modules = _modules(model)
     objects: list[Any] = [t for mod in modules for t in mod._parameters.values()]
-    objects += [t for mod in modules for t in mod._buffers.values()]
+    unstepped: list[Any] = [t for mod in modules for t in mod._buffers.values()]
     settings: list[tuple] = []
     if optimizer is not None:
         state = optimizer.state
         for group in optimizer.param_groups:
             settings.append(tuple(group))
-            objects += [v for v in group.values() if isinstance(v, torch.Tensor)]
+            unstepped += [v for v in group.values() if isinstance(v, torch.Tensor)]
             params = group["params"]
             objects += params  # which parameters each group holds
             for entry in map(state.get, params):
                 if entry:  # a new or replaced state value changes the ids below
                     objects += entry.values()
+    objects += unstepped
     ids = tuple(map(id, objects))
     # Storage addresses catch `.data = ...` (same object, new storage); inline, no call per tensor.
     ptrs = tuple([(t._local_tensor if isinstance(t, DTensor) else t).data_ptr()
-                  for t in objects if isinstance(t, torch.Tensor)])
+                  for t in unstepped if isinstance(t, torch.Tensor)])
     objects += (model, optimizer)
     return (id(model), id(optimizer), ids, ptrs, tuple(settings)), objects
 
@@ -125,33 +162,49 @@ class StateCache:
         self._entry: _Entry | None = None
         self._plans: dict[tuple, _Plan] = {}
         self._blob_cache: dict[str, tuple[Any, bytes]] = {}
+        self._check_addresses = False
+        """A copy found a replaced storage this attempt: check every address at every save."""
 
     def clear(self) -> None:
         """Forgets every reference to the model and optimizer (an attempt ended)."""
         self._entry = None
         self._blob_cache.clear()
+        self._check_addresses = False
 
-    def source(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> SaveSource:
+    def source(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+               copies_later: Any = None) -> SaveSource:
+        """The save's inputs. `copies_later(tensor_bytes)` says whether the stepped tensors will
+        be copied after the caller returns (their copier checks their addresses then); None:
+        everything is copied now, so every address is checked here."""
         fp, pinned = fingerprint(model, optimizer)
         entry = self._entry
-        if entry is None or entry.getters is None or entry.fingerprint != fp:
+        if entry is None or entry.getters is None or entry.moved or entry.fingerprint != fp or (
+                (self._check_addresses or copies_later is None or not copies_later(entry.plan.tensor_bytes))
+                and _moved(entry)):
             self._entry, blobs = self._build(model, optimizer, fp, pinned)
             return self._source(self._entry, blobs)
-        blobs, constants, cache = [], iter(entry.constant_blobs), self._blob_cache
         groups = optimizer.param_groups if optimizer is not None else ()
+        settings = [groups[g][k] for g, k in entry.settings]
+        if entry.blobs is not None and _equal_settings(settings, entry.settings_seen):
+            return self._source(entry, entry.blobs)  # no setting changed since the last save
+        blobs, constants, cache = [], iter(entry.constant_blobs), self._blob_cache
         for fqn, getter in zip(entry.byte_fqns, entry.getters, strict=True):
             if getter is None:
                 blobs.append(next(constants))
             else:
                 blobs.append(serialize_item(fqn, groups[getter[0]][getter[1]], cache))
+        entry.blobs, entry.settings_seen = blobs, _copied(settings)
         return self._source(entry, blobs)
 
-    @staticmethod
-    def _source(entry: _Entry, blobs: list[bytes]) -> SaveSource:
+    def _source(self, entry: _Entry, blobs: list[bytes]) -> SaveSource:
         plan = entry.plan
         return SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys, entry.tensors,
                           entry.names, entry.holders, entry.overlap, entry.immediate, blobs,
-                          plan.tensor_bytes)
+                          plan.tensor_bytes, entry.addresses, entry.on_moved)
+
+    def _moved(self, entry: _Entry) -> None:
+        entry.moved = True
+        self._check_addresses = True
 
     def _build(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, fp: tuple,
                pinned: list) -> tuple[_Entry, list[bytes]]:
@@ -168,9 +221,19 @@ class StateCache:
         immediate = sorted(set(range(len(tensors))) - set(overlap))
         getters, constants = _byte_getters(state, plan.items, optimizer, blobs)
         byte_fqns = [i.index.fqn for i in plan.items if not is_tensor_item(i)]
+        overlapping = set(overlap)
+        addresses = [_local(h).data_ptr() if i in overlapping else None for i, h in enumerate(holders)]
         entry = _Entry(fp, pinned, plan, tensors, [i.index.fqn for i in tensor_items], holders,
-                       overlap, immediate, getters, constants, byte_fqns)
+                       overlap, immediate, getters, constants, byte_fqns, addresses)
+        entry.on_moved = functools.partial(self._moved, entry)
+        entry.settings = [g for g in getters or () if g is not None]
         return entry, blobs
+
+
+def _moved(entry: _Entry) -> bool:
+    holders = entry.holders
+    return any(want is not None and _local(holders[i]).data_ptr() != want
+               for i, want in enumerate(entry.addresses))
 
 
 def _new_plan(state: CapturedState) -> _Plan:
@@ -227,6 +290,23 @@ def _byte_getters(state: CapturedState, items: list, optimizer: torch.optim.Opti
             return None, []
         getters.append((path[2], path[3]))
     return getters, constants
+
+
+def _copied(values: list) -> list | None:
+    try:
+        return copy.deepcopy(values)
+    except Exception:  # noqa: BLE001 - not copyable: compared item by item at every save
+        return None
+
+
+def _equal_settings(now: list, seen: list | None) -> bool:
+    """Every setting has the value and type it had (a copy: an in-place change shows)."""
+    if seen is None or len(now) != len(seen):
+        return False
+    try:
+        return all(type(a) is type(b) and bool(a == b) for a, b in zip(now, seen))
+    except Exception:  # noqa: BLE001 - values without a plain equality: re-serialized
+        return False
 
 
 def _equal(a: Any, b: Any) -> bool:

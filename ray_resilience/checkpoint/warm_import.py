@@ -25,7 +25,9 @@ class WarmImport:
     def __init__(self, *modules: str) -> None:
         self._done = threading.Event()
         self._modules = modules
-        threading.Thread(target=self._run, name="rr-warm-import", daemon=True).start()
+        thread = threading.Thread(target=self._run, name="rr-warm-import", daemon=True)
+        thread.start()
+        self.thread_id: int | None = thread.native_id
 
     def _run(self) -> None:
         try:

@@ -22,6 +22,7 @@ from typing import Any
 
 import ray
 
+from ray_resilience._internal.priority import lower_process
 from ray_resilience.checkpoint import commit, layout
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
@@ -74,9 +75,13 @@ class CheckpointWriter:
         # With no periodic saves (local tier only) nothing may ever arrive: no import up front.
         self._warm = (WarmImport("ray_resilience.checkpoint.shard_io", "ray_resilience.checkpoint.dcp_metadata")
                       if config.interval_steps else WarmImport())
+        # Every other thread (and those started later, e.g. the pool's) at the configured level;
+        # the one-time import keeps Ray's: at idle priority on a busy node it delayed a run's
+        # first commits by seconds.
+        self.priority = lower_process(config.writer_priority, keep=(self._warm.thread_id,))
 
     def ping(self) -> dict[str, Any]:
-        return {"writer_id": self.writer_id, "pid": os.getpid(),
+        return {"writer_id": self.writer_id, "pid": os.getpid(), "priority": self.priority,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
     def remove_local_root(self) -> None:

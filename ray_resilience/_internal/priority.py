@@ -1,0 +1,51 @@
+"""Lowering the CPU priority of threads that do background work (Linux).
+
+Ray starts every worker process at nice 15 (`RAY_worker_niceness`), the ranks' training threads
+included, so a background actor that shares their node competes with them as an equal. Two
+levels below that: `"low"` (nice 19: about 40% of the CPU weight of a nice-15 thread) and
+`"background"` (`SCHED_IDLE`: runs on CPU time nothing else wants, and any waking training
+thread preempts it at once). Neither can be undone without CAP_SYS_NICE, so only for threads
+whose work may wait.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+PRIORITIES: tuple[str, ...] = ("background", "low", "inherit")
+
+
+def lower_thread(how: str, tid: int = 0) -> str:
+    """Lowers thread `tid` (0: the calling thread) to `how`; returns what it got: "idle",
+    "nice" or "normal" (neither was allowed, or `how` is "inherit")."""
+    if how == "background":
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))  # one thread (Linux)
+            return "idle"
+        except (AttributeError, OSError):
+            pass  # not Linux, or a seccomp profile forbids it: nice 19 still helps
+    if how in ("background", "low"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid or threading.get_native_id(), 19)
+            return "nice"
+        except (AttributeError, OSError):
+            pass
+    return "normal"
+
+
+def lower_process(how: str, *, keep: tuple[int | None, ...] = ()) -> str:
+    """Lowers every thread of this process but those whose native ids are in `keep` (threads
+    started later inherit the level of the thread that starts them); returns what the calling
+    thread got."""
+    if how == "inherit":
+        return "normal"
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = []
+    me = threading.get_native_id()
+    for tid in tids:
+        if tid != me and tid not in keep:
+            lower_thread(how, tid)
+    return lower_thread(how)
