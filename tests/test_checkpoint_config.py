@@ -35,6 +35,7 @@ def test_is_save_step_follows_interval():
     ("write_timeout_s", -1.0, "seconds"),
     ("warn_interval_s", 5000.0, "write_timeout_s"),
     ("memory_replicas", -1, "memory_replicas"),
+    ("writer_priority", "high", "background"),
 ])
 def test_invalid_values_name_field_value_and_fix(field, value, words):
     with pytest.raises(ValueError) as info:
@@ -42,6 +43,13 @@ def test_invalid_values_name_field_value_and_fix(field, value, words):
     assert isinstance(info.value, ConfigError)
     message = str(info.value)
     assert f"CheckpointConfig.{field}" in message and repr(value) in message and words in message
+
+
+def test_auto_writer_priority_is_background_unless_training_waits_for_the_writer():
+    assert CheckpointConfig().writer_priority_now == "background"
+    assert CheckpointConfig(in_flight_policy="skip").writer_priority_now == "background"
+    assert CheckpointConfig(in_flight_policy="block").writer_priority_now == "inherit"
+    assert CheckpointConfig(in_flight_policy="block", writer_priority="low").writer_priority_now == "low"
 
 
 def test_replicas_need_the_memory_tier():

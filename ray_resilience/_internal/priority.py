@@ -1,10 +1,10 @@
 """Lowering the CPU priority of threads that do background work (Linux).
 
-Ray starts every worker process at nice 15 (`RAY_worker_niceness`), the ranks' training threads
-included, so a background actor that shares their node competes with them as an equal. Two
-levels below that: `"low"` (nice 19: about 40% of the CPU weight of a nice-15 thread) and
-`"background"` (`SCHED_IDLE`: runs on CPU time nothing else wants, and any waking training
-thread preempts it at once). Neither can be undone without CAP_SYS_NICE, so only for threads
+Ray runs every worker process at the same priority (`RAY_worker_niceness`, 15, on the main
+thread; threads started before it was set keep nice 0), the ranks' included, so a background
+actor that shares their node competes with training threads as an equal. Two levels below:
+`"low"` (nice 19) and `"background"` (`SCHED_IDLE`: runs on CPU time nothing else wants, and
+any waking training thread preempts it at once). Neither can be undone without CAP_SYS_NICE, so only for threads
 whose work may wait.
 """
 

@@ -12,8 +12,8 @@ InFlightPolicy = Literal["coalesce", "skip", "block"]
 IN_FLIGHT_POLICIES: tuple[str, ...] = ("coalesce", "skip", "block")
 SnapshotMode = Literal["auto", "overlap", "sync"]
 SNAPSHOT_MODES: tuple[str, ...] = ("auto", "overlap", "sync")
-WriterPriority = Literal["background", "low", "inherit"]
-WRITER_PRIORITIES: tuple[str, ...] = ("background", "low", "inherit")
+WriterPriority = Literal["auto", "background", "low", "inherit"]
+WRITER_PRIORITIES: tuple[str, ...] = ("auto", "background", "low", "inherit")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -74,13 +74,16 @@ class CheckpointConfig:
     together with `local_interval_steps` for larger shards."""
     writers_per_node: int = 1
     """Writer actors per node hosting ranks; ranks on a node are spread across them."""
-    writer_priority: WriterPriority = "background"
-    """CPU priority of the writers' threads. Ray starts every worker at nice 15, the ranks
-    included, so at "inherit" a writer competes with training threads as an equal (on a busy
-    node, a rank waits for a core a writer holds). "low": nice 19. "background" (the default):
-    Linux `SCHED_IDLE` (nice 19 where that is not allowed): writes run on CPU time the ranks
-    leave idle and a waking rank preempts them at once; when the ranks keep every core busy, a
-    write takes longer and `in_flight_policy` decides what happens to saves meanwhile."""
+    writer_priority: WriterPriority = "auto"
+    """CPU priority of the writers' threads. At "inherit" (Ray's own, the ranks' too) a writer
+    competes with training threads as an equal: on a busy node, a rank waits for a core a
+    writer holds. "low": nice 19. "background": Linux
+    `SCHED_IDLE` (nice 19 where that is not allowed): writes run on CPU time the ranks leave idle
+    and a waking rank preempts them at once; when the ranks keep every core busy, a write takes
+    longer and `in_flight_policy` decides what happens to saves meanwhile. "auto" (the
+    default): "background", but "inherit" under `in_flight_policy="block"`, where training waits
+    for the writer anyway."""
+
     num_storage_retries: int = 3
     """Retries of a failed storage write (S3 outage, network) before the save is given up."""
     storage_retry_backoff_s: float = 1.0
@@ -93,6 +96,13 @@ class CheckpointConfig:
     """Timeout of the CPU (gloo) group used for checkpoint agreement when the backend is not gloo."""
     warn_interval_s: float = 30.0
     """Every wait logs what it is still waiting for at this period."""
+
+    @property
+    def writer_priority_now(self) -> str:
+        """`writer_priority` with "auto" resolved."""
+        if self.writer_priority != "auto":
+            return self.writer_priority
+        return "inherit" if self.in_flight_policy == "block" else "background"
 
     def overlaps_copy(self, tensor_bytes: int, *, has_optimizer: bool) -> bool:
         """Whether a save of a rank holding `tensor_bytes` copies them after `save` returns."""
@@ -114,8 +124,8 @@ class CheckpointConfig:
         self._check_int("writers_per_node", minimum=1, fix="use at least 1 writer per node.")
         if self.writer_priority not in WRITER_PRIORITIES:
             raise ConfigError("CheckpointConfig.writer_priority", self.writer_priority,
-                              f"must be one of {WRITER_PRIORITIES}; 'background' writes on CPU time "
-                              "training leaves idle.")
+                              f"must be one of {WRITER_PRIORITIES}; 'auto' writes on CPU time "
+                              "training leaves idle unless in_flight_policy='block'.")
         self._check_int("auto_sync_max_bytes", minimum=0,
                         fix="give a byte count (0: always overlap under snapshot='auto').")
         self._check_int("num_storage_retries", minimum=0, fix="use 0 to never retry.")

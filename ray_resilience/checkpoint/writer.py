@@ -78,7 +78,7 @@ class CheckpointWriter:
         # Every other thread (and those started later, e.g. the pool's) at the configured level;
         # the one-time import keeps Ray's: at idle priority on a busy node it delayed a run's
         # first commits by seconds.
-        self.priority = lower_process(config.writer_priority, keep=(self._warm.thread_id,))
+        self.priority = lower_process(config.writer_priority_now, keep=(self._warm.thread_id,))
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(), "priority": self.priority,
