@@ -41,7 +41,7 @@ from ray_resilience.checkpoint.config import WRITER_PRIORITIES  # noqa: E402
 METHODS = ["torch_save", "dcp_sync", "dcp_async", "ours_coalesce", "ours_skip", "ours_block"]
 SWEEPS = {  # preset: (steps per configuration, intervals)
     "quick": {"tiny": (30, [1, 10]), "small": (12, [1, 4])},
-    "full": {"tiny": (120, [1, 10, 40]), "small": (40, [1, 5, 20])},
+    "full": {"tiny": (400, [1, 10, 40]), "small": (40, [1, 5, 20])},
 }
 
 

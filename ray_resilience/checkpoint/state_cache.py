@@ -227,6 +227,9 @@ class StateCache:
                        overlap, immediate, getters, constants, byte_fqns, addresses)
         entry.on_moved = functools.partial(self._moved, entry)
         entry.settings = [g for g in getters or () if g is not None]
+        if getters is not None and optimizer is not None:  # the next save may reuse these blobs
+            groups = optimizer.param_groups
+            entry.blobs, entry.settings_seen = blobs, _copied([groups[g][k] for g, k in entry.settings])
         return entry, blobs
 
 
