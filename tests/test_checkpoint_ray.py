@@ -22,6 +22,7 @@ from ray_resilience.checkpoint.local_tier import node_root
 from ray_resilience.checkpoint.snapshot import state_dict_of
 from ray_resilience.examples.llama import build_model
 from tests.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
+from tests.procfs import SCHED_IDLE, SCHED_OTHER, thread_policies
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -322,20 +323,7 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
         service.shutdown()
 
 
-def _thread_policies(pid: int) -> dict[int, int]:
-    """tid -> scheduling policy of every thread of `pid`, read from /proc."""
-    found = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue  # the thread ended meanwhile
-        found[int(tid)] = int(fields[38])  # field 41 of stat(5)
-    return found
-
-
-@pytest.mark.parametrize("policy, expected", [("coalesce", 5), ("block", 0)])
+@pytest.mark.parametrize("policy, expected", [("coalesce", SCHED_IDLE), ("block", SCHED_OTHER)])
 def test_writers_run_below_the_ranks_unless_training_waits_for_them(ray_session, tmp_path, policy, expected):
     """By default every thread of a writer is at SCHED_IDLE (5), below any rank thread; under
     `block` training waits for the writer, which keeps Ray's SCHED_OTHER (0)."""
@@ -345,7 +333,7 @@ def test_writers_run_below_the_ranks_unless_training_waits_for_them(ray_session,
         service.wait_ready()  # the one-time import thread (kept at Ray's priority) is done
         info = ray.get(writer.ping.remote(), timeout=60)
         assert info["priority"] == ("idle" if policy == "coalesce" else "normal")
-        policies = _thread_policies(info["pid"])
+        policies = thread_policies(info["pid"])
         assert policies and all(p == expected for p in policies.values()), policies
     finally:
         service.shutdown()

@@ -19,6 +19,7 @@ from ray_resilience.errors import ConfigError
 from ray_resilience._internal import worker_setup
 from ray_resilience._internal.prestart import WorkerPrestarter
 from ray_resilience._internal.worker_actor import WorkerActor
+from tests.procfs import SCHED_IDLE, thread_policies
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -75,21 +76,8 @@ def _booted_after(before: set[int], timeout_s: float = 30) -> set[int]:
 
 
 def _idle_class_threads(pid: int) -> list[int]:
-    """Threads of `pid` scheduled in SCHED_IDLE (field 41 of /proc/<pid>/task/<tid>/stat)."""
-    found = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[38]) == os.SCHED_IDLE:  # fields after "(comm)" start at field 3
-            found.append(int(tid))
-    return found
+    """Threads of `pid` scheduled in SCHED_IDLE."""
+    return [tid for tid, policy in thread_policies(pid).items() if policy == SCHED_IDLE]
 
 
 def _rank_actor(env: dict[str, str]):

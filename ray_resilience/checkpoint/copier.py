@@ -185,18 +185,19 @@ class Copier:
                 self._cond.notify_all()
 
     def _finish(self, job: CopyJob) -> None:
-        changed = None if job.error or job.moved else job.changed()
-        torn = job.error or (job.moved and f"the storage of tensor {job.moved!r} was replaced") or (
-            None if changed is None else f"tensor {changed!r} changed while copied")
+        torn = None
         if job.error:
+            torn = job.error
             logger.warning("rank %d: checkpoint of step %s dropped: %s", self.rank, job.slot.step, job.error)
         elif job.moved is not None:
+            torn = f"the storage of tensor {job.moved!r} was replaced"
             logger.warning(
                 "rank %d: checkpoint of step %s dropped: the storage of tensor %r was replaced "
                 "(`.data = ...` or `set_()`) since the save plan was built; the next save rebuilds "
                 "its plan and checks storage at every save from then on.", self.rank, job.slot.step,
                 job.moved)
-        elif changed is not None:
+        elif (changed := job.changed()) is not None:
+            torn = f"tensor {changed!r} changed while copied"
             logger.warning(
                 "rank %d: checkpoint of step %s dropped: tensor %r changed while it was being "
                 "copied (the copy overlaps the next forward and backward; only optimizer.step() "

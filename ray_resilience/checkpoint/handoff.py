@@ -312,9 +312,9 @@ class HandoffPipeline:
         writer_id = self.link.writer_id
         plan = (writer_id, ticket.plan_id)
         try:
-            lean = dataclasses.replace(ticket, items=None, planner_data=None) if plan in self._writer_plans else None
             answer = NEED_PLAN
-            if lean is not None:
+            if plan in self._writer_plans:
+                lean = dataclasses.replace(ticket, items=None, planner_data=None)
                 answer = ray.get(self.link.handle.receive.remote(dumps(lean), boxed),
                                  timeout=self.config.write_timeout_s)
             if answer == NEED_PLAN:

@@ -68,11 +68,8 @@ class SaveSource:
 
     def moved(self, which: list[int]) -> str | None:
         """The name of the first tensor among `which` whose storage was replaced, if any."""
-        for i in which:
-            want = self.addresses[i]
-            if want is not None and _local(self.holders[i]).data_ptr() != want:
-                return self.names[i]
-        return None
+        i = _first_moved(self.holders, self.addresses, which)
+        return None if i is None else self.names[i]
 
 
 @dataclasses.dataclass
@@ -178,9 +175,7 @@ class StateCache:
         everything is copied now, so every address is checked here."""
         fp, pinned = fingerprint(model, optimizer)
         entry = self._entry
-        if entry is None or entry.getters is None or entry.moved or entry.fingerprint != fp or (
-                (self._check_addresses or copies_later is None or not copies_later(entry.plan.tensor_bytes))
-                and _moved(entry)):
+        if entry is None or not self._reusable(entry, fp, copies_later):
             self._entry, blobs = self._build(model, optimizer, fp, pinned)
             return self._source(self._entry, blobs)
         groups = optimizer.param_groups if optimizer is not None else ()
@@ -202,7 +197,14 @@ class StateCache:
                           entry.names, entry.holders, entry.overlap, entry.immediate, blobs,
                           plan.tensor_bytes, entry.addresses, entry.on_moved)
 
-    def _moved(self, entry: _Entry) -> None:
+    def _reusable(self, entry: _Entry, fp: tuple, copies_later: Any) -> bool:
+        if entry.getters is None or entry.moved or entry.fingerprint != fp:
+            return False
+        if copies_later is not None and not self._check_addresses and copies_later(entry.plan.tensor_bytes):
+            return True  # the copier checks the stepped tensors' addresses
+        return _first_moved(entry.holders, entry.addresses, range(len(entry.addresses))) is None
+
+    def _mark_moved(self, entry: _Entry) -> None:
         entry.moved = True
         self._check_addresses = True
 
@@ -225,7 +227,7 @@ class StateCache:
         addresses = [_local(h).data_ptr() if i in overlapping else None for i, h in enumerate(holders)]
         entry = _Entry(fp, pinned, plan, tensors, [i.index.fqn for i in tensor_items], holders,
                        overlap, immediate, getters, constants, byte_fqns, addresses)
-        entry.on_moved = functools.partial(self._moved, entry)
+        entry.on_moved = functools.partial(self._mark_moved, entry)
         entry.settings = [g for g in getters or () if g is not None]
         if getters is not None and optimizer is not None:  # the next save may reuse these blobs
             groups = optimizer.param_groups
@@ -233,10 +235,13 @@ class StateCache:
         return entry, blobs
 
 
-def _moved(entry: _Entry) -> bool:
-    holders = entry.holders
-    return any(want is not None and _local(holders[i]).data_ptr() != want
-               for i, want in enumerate(entry.addresses))
+def _first_moved(holders: list[torch.Tensor], addresses: list[int | None], which: Any) -> int | None:
+    """The first index in `which` whose holder's storage is no longer at its recorded address."""
+    for i in which:
+        want = addresses[i]
+        if want is not None and _local(holders[i]).data_ptr() != want:
+            return i
+    return None
 
 
 def _new_plan(state: CapturedState) -> _Plan:
@@ -303,13 +308,9 @@ def _copied(values: list) -> list | None:
 
 
 def _equal_settings(now: list, seen: list | None) -> bool:
-    """Every setting has the value and type it had (a copy: an in-place change shows)."""
-    if seen is None or len(now) != len(seen):
-        return False
-    try:
-        return all(type(a) is type(b) and bool(a == b) for a, b in zip(now, seen))
-    except Exception:  # noqa: BLE001 - values without a plain equality: re-serialized
-        return False
+    """Every setting has the value and type it had (`seen` holds copies: an in-place change
+    shows)."""
+    return seen is not None and len(now) == len(seen) and all(map(_equal, now, seen))
 
 
 def _equal(a: Any, b: Any) -> bool:
