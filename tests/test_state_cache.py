@@ -6,6 +6,8 @@ One process, no Ray: a plain model and AdamW (the FSDP2 path runs in the checkpo
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -33,9 +35,9 @@ def _ptrs(source) -> set[int]:
     return {t.data_ptr() for t in source.tensors}
 
 
-def _live_ptrs(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
+def _live_ptrs(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
     live = {p.data_ptr() for p in model.parameters()}
-    for entry in optimizer.state.values():
+    for entry in optimizer.state.values() if optimizer is not None else ():
         live.update(v.data_ptr() for v in entry.values() if torch.is_tensor(v) and v.dim())
     return live
 
@@ -50,10 +52,12 @@ def test_plan_is_reused_across_steps():
 
 
 @pytest.mark.parametrize("change", ["reload_optimizer", "state_value", "param_data", "new_module",
-                                    "new_group_param"])
+                                    "new_group_param", "deep_module", "state_key", "buffer"])
 def test_any_replaced_tensor_rebuilds_the_plan(change):
     model, optimizer = _trained()
     cache = StateCache()
+    if change == "deep_module":  # model only: the optimizer would still hold the old parameters
+        optimizer = None
     first = cache.source(model, optimizer)
     if change == "reload_optimizer":  # new state tensors, same values
         optimizer.load_state_dict(optimizer.state_dict())
@@ -63,11 +67,17 @@ def test_any_replaced_tensor_rebuilds_the_plan(change):
     elif change == "param_data":  # same Parameter object, new storage
         param = next(model.parameters())
         param.data = param.data.clone()
+    elif change == "deep_module":  # a module deep in the tree replaced (its parent is cached)
+        model.layers[1].feed_forward = copy.deepcopy(model.layers[1].feed_forward)
+    elif change == "state_key":  # one more value in one parameter's state
+        optimizer.state[next(model.parameters())]["extra"] = torch.zeros(3)
+    elif change == "buffer":  # a persistent buffer registered on a cached module
+        model.layers[0].register_buffer("scale", torch.ones(2))
     else:
         model.extra_head = torch.nn.Linear(4, 4)  # a module added to the tree
         if change == "new_group_param":
             optimizer.add_param_group({"params": list(model.extra_head.parameters())})
-    if change != "new_module":
+    if change not in ("new_module", "deep_module", "state_key", "buffer"):
         _step(model, optimizer)
     again = cache.source(model, optimizer)
     assert again.tensors is not first.tensors

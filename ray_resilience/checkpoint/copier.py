@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import operator
 import queue
 import threading
 import time
@@ -64,10 +65,13 @@ class CopyJob:
         return self.moved is None
 
 
+_VERSION = operator.attrgetter("_version")
+
+
 def new_job(slot: Slot, source: SaveSource, which: list[int]) -> CopyJob:
     """Taken on the training thread at `save`: the versions the copy must still see."""
-    holders = source.holders
-    return CopyJob(slot, source, which, [holders[i]._version for i in which])
+    holders = source.overlap_holders if which is source.overlap else [source.holders[i] for i in which]
+    return CopyJob(slot, source, which, list(map(_VERSION, holders)))
 
 
 class Copier:

@@ -26,6 +26,8 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import itertools
+import operator
 from typing import Any
 
 import torch
@@ -65,6 +67,8 @@ class SaveSource:
     on_moved: Any
     """Called (from any thread) when a copy found one of `addresses` changed: the next
     `StateCache.source` rebuilds, and checks every address at every save from then on."""
+    overlap_holders: list[torch.Tensor]
+    """`holders[i]` for each i in `overlap`, in order (their versions are taken at each save)."""
 
     def moved(self, which: list[int]) -> str | None:
         """The name of the first tensor among `which` whose storage was replaced, if any."""
@@ -83,9 +87,7 @@ class _Plan:
 
 @dataclasses.dataclass
 class _Entry:
-    fingerprint: tuple
-    pinned: list
-    """Strong references that keep the ids in `fingerprint` from being reused."""
+    fingerprint: Fingerprint
     plan: _Plan
     tensors: list[torch.Tensor]
     names: list[str]
@@ -106,6 +108,10 @@ class _Entry:
     settings_seen: list | None = None
     """Their values (deep copies) when `blobs` was serialized."""
     blobs: list[bytes] | None = None
+    source: SaveSource | None = None
+    """The SaveSource of `blobs` (built once: it is never changed)."""
+    overlap_holders: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    """`holders[i]` for each i in `overlap` (whose versions each overlapped save records)."""
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -124,32 +130,59 @@ def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[tuple, list]:
-    """(fingerprint, objects it names). Equal fingerprints while the objects are pinned mean the
-    same tensors, the buffers and param-group tensors in the same storage (see the module
-    docstring for parameters and optimizer state). Built with C-level iteration where it can
-    be: it runs at every save (right after a step, with cold caches: ~0.1 ms for 120 tensors)."""
-    modules = _modules(model)
-    objects: list[Any] = [t for mod in modules for t in mod._parameters.values()]
-    unstepped: list[Any] = [t for mod in modules for t in mod._buffers.values()]
+_chain, _values = itertools.chain.from_iterable, dict.values
+_CHILDREN, _PARAMS, _BUFFERS = (operator.attrgetter(name) for name in ("_modules", "_parameters", "_buffers"))
+
+
+@dataclasses.dataclass
+class Fingerprint:
+    """What a save's plan depends on: `objects` (compared by identity, and held so their ids
+    are never reused) and `key` (compared by value)."""
+
+    objects: list[Any]
+    key: tuple
+    modules: list[torch.nn.Module]
+
+    def matches(self, other: Fingerprint) -> bool:
+        return (self.key == other.key and len(self.objects) == len(other.objects)
+                and all(map(operator.is_, self.objects, other.objects)))
+
+
+def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                modules: list[torch.nn.Module] | None = None) -> Fingerprint:
+    """The identity of every module, parameter, buffer, param-group tensor and optimizer-state
+    value, the storage addresses of the buffers and param-group tensors, the setting names of
+    every group. Equal fingerprints mean the same tensors, the buffers and param-group tensors
+    in the same storage (see the module docstring for parameters and optimizer state).
+
+    It runs at every save, right after a step, with cold caches, so it is built by C-level
+    iteration (no Python call per tensor) and compared by identity (no ints made per object).
+    `modules`: the modules found by the last fingerprint. Their children are part of this one,
+    so a changed module tree makes it differ (and the caller walks the tree again)."""
+    if modules is None:
+        modules = _modules(model)
+    objects: list[Any] = [model, optimizer]
+    objects += _chain(map(_values, map(_CHILDREN, modules)))
+    objects += _chain(map(_values, map(_PARAMS, modules)))
+    unstepped: list[Any] = list(_chain(map(_values, map(_BUFFERS, modules))))
     settings: list[tuple] = []
+    sizes: tuple[int, ...] = ()
     if optimizer is not None:
-        state = optimizer.state
         for group in optimizer.param_groups:
             settings.append(tuple(group))
             unstepped += [v for v in group.values() if isinstance(v, torch.Tensor)]
-            params = group["params"]
-            objects += params  # which parameters each group holds
-            for entry in map(state.get, params):
-                if entry:  # a new or replaced state value changes the ids below
-                    objects += entry.values()
+            objects += group["params"]  # which parameters each group holds
+        # Every state entry, keys (parameters) and values, in order; iterating the dict hashes
+        # nothing (a tensor's hash is a Python-level call).
+        state = optimizer.state
+        objects += state
+        objects += _chain(map(_values, state.values()))
+        sizes = tuple(map(len, state.values()))
     objects += unstepped
-    ids = tuple(map(id, objects))
     # Storage addresses catch `.data = ...` (same object, new storage); inline, no call per tensor.
     ptrs = tuple([(t._local_tensor if isinstance(t, DTensor) else t).data_ptr()
                   for t in unstepped if isinstance(t, torch.Tensor)])
-    objects += (model, optimizer)
-    return (id(model), id(optimizer), ids, ptrs, tuple(settings)), objects
+    return Fingerprint(objects, (len(modules), sizes, ptrs, tuple(settings)), modules)
 
 
 class StateCache:
@@ -173,10 +206,12 @@ class StateCache:
         """The save's inputs. `copies_later(tensor_bytes)` says whether the stepped tensors will
         be copied after the caller returns (their copier checks their addresses then); None:
         everything is copied now, so every address is checked here."""
-        fp, pinned = fingerprint(model, optimizer)
         entry = self._entry
+        fp = fingerprint(model, optimizer, entry.fingerprint.modules if entry is not None else None)
         if entry is None or not self._reusable(entry, fp, copies_later):
-            self._entry, blobs = self._build(model, optimizer, fp, pinned)
+            if entry is not None:  # the module tree may have changed: walk it again
+                fp = fingerprint(model, optimizer)
+            self._entry, blobs = self._build(model, optimizer, fp)
             return self._source(self._entry, blobs)
         groups = optimizer.param_groups if optimizer is not None else ()
         settings = [groups[g][k] for g, k in entry.settings]
@@ -192,13 +227,17 @@ class StateCache:
         return self._source(entry, blobs)
 
     def _source(self, entry: _Entry, blobs: list[bytes]) -> SaveSource:
+        if entry.source is not None and entry.source.blobs is blobs:
+            return entry.source
         plan = entry.plan
-        return SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys, entry.tensors,
-                          entry.names, entry.holders, entry.overlap, entry.immediate, blobs,
-                          plan.tensor_bytes, entry.addresses, entry.on_moved)
+        entry.source = SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys, entry.tensors,
+                                  entry.names, entry.holders, entry.overlap, entry.immediate, blobs,
+                                  plan.tensor_bytes, entry.addresses, entry.on_moved,
+                                  entry.overlap_holders)
+        return entry.source
 
-    def _reusable(self, entry: _Entry, fp: tuple, copies_later: Any) -> bool:
-        if entry.getters is None or entry.moved or entry.fingerprint != fp:
+    def _reusable(self, entry: _Entry, fp: Fingerprint, copies_later: Any) -> bool:
+        if entry.getters is None or entry.moved or not entry.fingerprint.matches(fp):
             return False
         if copies_later is not None and not self._check_addresses and copies_later(entry.plan.tensor_bytes):
             return True  # the copier checks the stepped tensors' addresses
@@ -208,8 +247,8 @@ class StateCache:
         entry.moved = True
         self._check_addresses = True
 
-    def _build(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, fp: tuple,
-               pinned: list) -> tuple[_Entry, list[bytes]]:
+    def _build(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+               fp: Fingerprint) -> tuple[_Entry, list[bytes]]:
         state = capture(model, optimizer)
         plan = self._plans.get(state.signature)
         if plan is None:
@@ -225,9 +264,10 @@ class StateCache:
         byte_fqns = [i.index.fqn for i in plan.items if not is_tensor_item(i)]
         overlapping = set(overlap)
         addresses = [_local(h).data_ptr() if i in overlapping else None for i, h in enumerate(holders)]
-        entry = _Entry(fp, pinned, plan, tensors, [i.index.fqn for i in tensor_items], holders,
+        entry = _Entry(fp, plan, tensors, [i.index.fqn for i in tensor_items], holders,
                        overlap, immediate, getters, constants, byte_fqns, addresses)
         entry.on_moved = functools.partial(self._mark_moved, entry)
+        entry.overlap_holders = [holders[i] for i in overlap]
         entry.settings = [g for g in getters or () if g is not None]
         if getters is not None and optimizer is not None:  # the next save may reuse these blobs
             groups = optimizer.param_groups
@@ -309,8 +349,15 @@ def _copied(values: list) -> list | None:
 
 def _equal_settings(now: list, seen: list | None) -> bool:
     """Every setting has the value and type it had (`seen` holds copies: an in-place change
-    shows)."""
-    return seen is not None and len(now) == len(seen) and all(map(_equal, now, seen))
+    shows). One C-level list comparison, then the types (no Python call per setting)."""
+    if seen is None or len(now) != len(seen):
+        return False
+    try:
+        if now != seen:
+            return False
+    except Exception:  # noqa: BLE001 - e.g. a tensor of several values: not re-read
+        return False
+    return all(map(operator.is_, map(type, now), map(type, seen)))
 
 
 def _equal(a: Any, b: Any) -> bool:
