@@ -76,7 +76,8 @@ def test_extra_round_trips_values_and_tensors_exactly():
 def test_extra_tensors_are_copied_in_c_order_at_encode_time():
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     odd = {"t": base.t(), "grad": torch.ones(2, requires_grad=True), "mask": torch.tensor([True, False]),
-           "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(), "scalar": torch.tensor(7, dtype=torch.int16)}
+           "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(), "scalar": torch.tensor(7, dtype=torch.int16),
+           "neg": torch._neg_view(torch.tensor([1.0, -2.0])), "offset": torch.arange(10)[3:7]}
     data = encode_extra(odd)
     base.add_(100)  # a change after the save returned must not reach it
     back = decode_extra(data, path="x")
@@ -84,6 +85,7 @@ def test_extra_tensors_are_copied_in_c_order_at_encode_time():
     assert torch.equal(back["grad"], torch.ones(2)) and not back["grad"].requires_grad
     assert torch.equal(back["mask"], odd["mask"]) and back["scalar"].shape == () and int(back["scalar"]) == 7
     assert torch.equal(back["conj"], torch.tensor([1 - 2j, 3 + 1j]))
+    assert torch.equal(back["neg"], torch.tensor([-1.0, 2.0])) and torch.equal(back["offset"], torch.arange(3, 7))
 
 
 @pytest.mark.parametrize("value, key", [

@@ -8,6 +8,7 @@ stay bare. Decoding builds only those types and tensors of an allow-listed dtype
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import struct
@@ -24,6 +25,7 @@ _DTYPES: dict[str, torch.dtype] = {
         "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
         "bool", "complex64", "complex128")
 }
+_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _DTYPES.items()}
 _SCALARS = (type(None), bool, int, float, str)
 
 
@@ -93,24 +95,24 @@ def _add_tensor(value: torch.Tensor, path: str, tensors: list[tuple[str, list[in
     if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
         raise CheckpointStateError(path, f"only plain tensors are allowed, got {type(value).__name__} "
                                          "(put sharded state in the model or optimizer)")
-    name = str(value.dtype).removeprefix("torch.")
-    if name not in _DTYPES:
+    name = _NAMES.get(value.dtype)
+    if name is None:
         raise CheckpointStateError(path, f"tensor dtype {value.dtype} is not supported; "
                                          f"use one of {sorted(_DTYPES)}")
-    tensors.append((name, list(value.shape), _raw_bytes(value.detach())))
+    tensors.append((name, list(value.shape), _raw_bytes(value)))
     return len(tensors) - 1
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:
-    """The tensor's values in C order, copied now (the save is a snapshot). A CPU tensor goes
-    through one numpy copy (this runs on the training thread at every save: an RNG state is
-    5 KB); bfloat16, conjugate views and device tensors take the torch route."""
-    if tensor.device.type == "cpu" and tensor.dtype is not torch.bfloat16:
-        try:
-            return tensor.numpy().tobytes()
-        except (RuntimeError, TypeError):
-            pass
-    cpu = tensor.to("cpu", copy=True).resolve_conj().contiguous()
+    """The tensor's values in C order, copied now (the save is a snapshot). This runs on the
+    training thread at every save (an RNG state is 5 KB): a contiguous CPU tensor without lazy
+    conjugation or negation is one memcpy of its memory (`tensor.numpy()` alone cost 18 us
+    right after a training step, `detach()` 7 us); anything else takes the torch route."""
+    if (tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous()
+            and not tensor.is_conj() and not tensor.is_neg()):
+        nbytes = tensor.numel() * tensor.element_size()
+        return ctypes.string_at(tensor.data_ptr(), nbytes) if nbytes else b""
+    cpu = tensor.detach().to("cpu", copy=True).resolve_conj().resolve_neg().contiguous()
     return cpu.reshape(-1).view(torch.uint8).numpy().tobytes() if cpu.numel() else b""
 
 
