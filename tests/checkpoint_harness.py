@@ -109,6 +109,14 @@ class RankActor:
                                                     extra=self.extra()))
         return blocked
 
+    def thread_policies(self) -> dict[str, int]:
+        """Scheduling policy of every Python thread of this rank, by name ("caller": this one)."""
+        import threading
+
+        found = {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate()}
+        found["caller"] = os.sched_getscheduler(0)
+        return found
+
     def extra(self) -> dict[str, Any]:
         return {"step": self.step, "rng": torch.get_rng_state(), "note": ("rank", self.rank)}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-SCHED_OTHER, SCHED_IDLE = 0, 5
+SCHED_OTHER, SCHED_BATCH, SCHED_IDLE = 0, 3, 5
 
 
 def thread_policies(pid: int) -> dict[int, int]:

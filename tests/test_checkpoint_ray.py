@@ -22,7 +22,7 @@ from ray_resilience.checkpoint.local_tier import node_root
 from ray_resilience.checkpoint.snapshot import state_dict_of
 from ray_resilience.examples.llama import build_model
 from tests.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
-from tests.procfs import SCHED_IDLE, SCHED_OTHER, thread_policies
+from tests.procfs import SCHED_BATCH, SCHED_IDLE, SCHED_OTHER, thread_policies
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -321,6 +321,17 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
         assert sizes[0] == sizes[1] > buffers.nbytes, sizes
     finally:
         service.shutdown()
+
+
+def test_a_ranks_checkpoint_threads_never_preempt_its_training_thread(two_ranks):
+    """The threads a save wakes (copier, rounds, writer replies) run under SCHED_BATCH (3): the
+    same share of the CPU, but waking them from inside `save` does not preempt the training
+    thread, which keeps Ray's SCHED_OTHER (0)."""
+    _, ranks, _ = two_ranks
+    policies = ray.get(ranks[0].thread_policies.remote(), timeout=60)
+    ours = {name: policy for name, policy in policies.items() if name.startswith("rr-ckpt-")}
+    assert sorted(ours) == ["rr-ckpt-copy-r0", "rr-ckpt-rounds-r0", "rr-ckpt-wait-r0"], policies
+    assert set(ours.values()) == {SCHED_BATCH} and policies["caller"] == SCHED_OTHER, policies
 
 
 @pytest.mark.parametrize("policy, expected", [("coalesce", SCHED_IDLE), ("block", SCHED_OTHER)])

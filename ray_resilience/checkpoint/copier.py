@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ray_resilience._internal.priority import defer_wakeups
 from ray_resilience.checkpoint.slots import RankSaveStats, Slot
 from ray_resilience.checkpoint.state_cache import SaveSource
 
@@ -167,6 +168,7 @@ class Copier:
     # --- background thread ------------------------------------------------------------------
 
     def _run(self) -> None:
+        defer_wakeups()  # woken from inside `save`: never preempt the training thread there
         while True:
             self._wake.get()
             with self._cond:

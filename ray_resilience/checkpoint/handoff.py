@@ -28,6 +28,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from ray_resilience._internal.priority import defer_wakeups
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.copier import Copier, new_job
 from ray_resilience.checkpoint.extra_codec import ExtraSnapshot
@@ -198,6 +199,7 @@ class HandoffPipeline:
     # --- rounds thread ----------------------------------------------------------------------
 
     def _run_rounds(self) -> None:
+        defer_wakeups()
         while True:
             with self.cond:
                 while not self._closed and not self._rounds:
@@ -334,6 +336,7 @@ class HandoffPipeline:
     # --- waiter thread ----------------------------------------------------------------------
 
     def _run_waiter(self) -> None:
+        defer_wakeups()
         while True:
             with self.cond:
                 while not self._closed and not self._handed:
