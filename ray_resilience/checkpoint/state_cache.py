@@ -4,9 +4,9 @@ Building the DCP state dict of an FSDP2 model and its optimizer costs 10-15 ms f
 model and planning it another 25 ms. Between two saves of one attempt the state keeps its
 structure: the same parameter and optimizer-state objects hold new values. `StateCache` keeps
 the plan and the live local tensors behind it and reuses them while a fingerprint matches: the
-identity of every parameter, buffer, param-group tensor and optimizer-state value, the storage
-address of every buffer and param-group tensor, plus the setting names of every param group.
-Any difference rebuilds from scratch.
+identity of every module, parameter, buffer, param-group tensor and optimizer-state value, the
+storage address of every buffer and param-group tensor, plus the setting names of every param
+group. Any difference rebuilds from scratch.
 
 The storage addresses of parameters and optimizer state (which only `optimizer.step` changes,
 so their copy may run after `save` returns) are checked where they are copied: by the copier,
