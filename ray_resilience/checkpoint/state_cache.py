@@ -134,10 +134,11 @@ _chain, _values = itertools.chain.from_iterable, dict.values
 _CHILDREN, _PARAMS, _BUFFERS = (operator.attrgetter(name) for name in ("_modules", "_parameters", "_buffers"))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Fingerprint:
     """What a save's plan depends on: `objects` (compared by identity, and held so their ids
-    are never reused) and `key` (compared by value)."""
+    are never reused) and `key` (compared by value). Compare with `matches`; `==` is identity
+    (a generated `==` would compare tensors by value)."""
 
     objects: list[Any]
     key: tuple
