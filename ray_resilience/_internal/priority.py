@@ -1,11 +1,12 @@
-"""Lowering the CPU priority of threads that do background work (Linux).
+"""Scheduling of threads that do background work beside training threads (Linux).
 
 Ray runs every worker process at the same priority (`RAY_worker_niceness`, 15, on the main
-thread; threads started before it was set keep nice 0), the ranks' included, so a background
-actor that shares their node competes with training threads as an equal. Two levels below:
-`"low"` (nice 19) and `"background"` (`SCHED_IDLE`: runs on CPU time nothing else wants, and
-any waking training thread preempts it at once). Neither can be undone without CAP_SYS_NICE, so only for threads
-whose work may wait.
+thread and the Python threads it starts; Ray's C++ threads, started before, keep nice 0), the
+ranks' included, so a background actor that shares their node competes with training threads as
+an equal. Two levels below: `"low"` (nice 19) and `"background"` (`SCHED_IDLE`: a waking
+training thread preempts it at once, and against a busy nice-15 thread it gets 3/39 of a core,
+not nothing). Neither can be undone without CAP_SYS_NICE, so only for threads whose work may
+wait. `defer_wakeups` gives up no priority: it only stops a thread's wake-ups from preempting.
 """
 
 from __future__ import annotations

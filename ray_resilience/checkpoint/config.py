@@ -78,8 +78,9 @@ class CheckpointConfig:
     """CPU priority of the writers' threads. At "inherit" (Ray's own, the ranks' too) a writer
     competes with training threads as an equal: on a busy node, a rank waits for a core a
     writer holds. "low": nice 19. "background": Linux
-    `SCHED_IDLE` (nice 19 where that is not allowed): writes run on CPU time the ranks leave idle
-    and a waking rank preempts them at once; when the ranks keep every core busy, a write takes
+    `SCHED_IDLE` (nice 19 where that is not allowed): writes run mostly on CPU time the ranks
+    leave idle (against Ray's nice-15 ranks an idle thread still gets 3/39 of a busy core) and a
+    waking rank preempts them at once; when the ranks keep every core busy, a write takes
     longer and `in_flight_policy` decides what happens to saves meanwhile. "auto" (the
     default): "background", but "inherit" under `in_flight_policy="block"`, where training waits
     for the writer anyway."""
