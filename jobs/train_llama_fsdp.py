@@ -25,6 +25,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 import ray_resilience as rr
+from ray_resilience.testing import FaultPlan
 from ray_resilience.examples.llama import PRESETS, build_model, causal_lm_loss
 from ray_resilience.examples.token_data import TokenDataset, generate_shards
 
@@ -89,7 +90,7 @@ def build_trainer(args: argparse.Namespace) -> rr.ResilientTrainer:
     generate_shards(data_dir, seq_len=min(cfg.max_seq_len, 64), vocab_size=cfg.vocab_size)
     plan = None
     if args.fault_count:
-        plan = rr.FaultPlan.generate(
+        plan = FaultPlan.generate(
             seed=args.fault_seed, fault_count=args.fault_count, after_step=args.fault_after_step,
             max_steps=args.max_steps, world_size=args.num_workers,
             kinds=args.fault_kinds.split(","))

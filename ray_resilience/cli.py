@@ -1,8 +1,8 @@
 """`ray-resilience` / `python -m ray_resilience`: the main job, benchmarks and tools.
 
     ray-resilience train [job args]          # jobs/train_llama_fsdp.py (see --help)
-    ray-resilience bench-recovery [args]     # jobs/bench_recovery.py
-    ray-resilience bench-checkpoint [args]   # jobs/bench_checkpoint.py
+    ray-resilience bench-recovery [args]     # jobs/bench/bench_recovery.py
+    ray-resilience bench-checkpoint [args]   # jobs/bench/bench_checkpoint.py
     ray-resilience validate-manifests [DIR]  # KubeRay manifests against the CRDs and our rules
     ray-resilience show RUN_DIR              # a finished run's summary and goodput table
 """
@@ -14,8 +14,8 @@ import os
 import runpy
 import sys
 
-JOBS = {"train": "train_llama_fsdp.py", "bench-recovery": "bench_recovery.py",
-        "bench-checkpoint": "bench_checkpoint.py"}
+JOBS = {"train": "train_llama_fsdp.py", "bench-recovery": "bench/bench_recovery.py",
+        "bench-checkpoint": "bench/bench_checkpoint.py"}
 
 
 def _jobs_dir() -> str:
@@ -33,7 +33,7 @@ def _run_job(name: str, argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(path)))
+    sys.path[:0] = [os.path.dirname(path), os.path.dirname(_jobs_dir())]
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:

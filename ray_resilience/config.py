@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray_resilience.errors import ConfigError
+from ray_resilience.policy.parts import Compose, FaultCounter, MaxAttempts, NoProgressLimit
+from ray_resilience.policy.state import RecoveryState
 
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -155,9 +158,114 @@ class ResilienceConfig:
         the local tier at every step, so restarts on the same node resume from the step the
         fault hit. `checkpoint=None` turns both off (restarts then start from step 0)."""
         from ray_resilience.checkpoint import CheckpointConfig
-        from ray_resilience.recovery import InJobConfig, InProcessConfig
 
         kwargs.setdefault("in_process", InProcessConfig())
         kwargs.setdefault("in_job", InJobConfig())
         kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))
         return cls(fault_plan=fault_plan, **kwargs)
+
+
+def _check(field: str, value: Any, minimum: float, fix: str, *, integer: bool = False) -> None:
+    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+    if bad_type or value < minimum:
+        raise ConfigError(field, value, fix)
+
+
+@dataclasses.dataclass(kw_only=True)
+class InProcessConfig:
+    """Rung 1: on an exception or a Python-level hang, every rank keeps its process.
+
+    Ranks abort their process groups, unwind the train function, agree on a new attempt and
+    re-enter it; the function reloads the newest checkpoint. The hang ("soft") timeouts live in
+    `ResilienceConfig.step_timeout_s` / `first_step_timeout_s`.
+    """
+
+    max_restarts: int = 20
+    """In-process restarts allowed in one run."""
+    max_attempts_without_progress: int = 3
+    """Stop when this many attempts in a row complete no new step (restart storm)."""
+    interrupt_timeout_s: float = 10.0
+    """Hard timeout: how long an interrupted rank may take to unwind before it is respawned."""
+    barrier_timeout_s: float = 60.0
+    """How long the new attempt's rendezvous may take."""
+    health_check: Callable[[RecoveryState], Sequence[int]] = dataclasses.field(
+        default_factory=lambda: Compose(FaultCounter()))
+    """Ranks that must not keep their process (they are respawned when InJobConfig allows)."""
+    retry_limit: Callable[[RecoveryState], Sequence[tuple[str, int]]] | None = None
+    """Reasons to stop; default: MaxAttempts(max_restarts) + NoProgressLimit(...)."""
+
+    def __post_init__(self) -> None:
+        _check("InProcessConfig.max_restarts", self.max_restarts, 0,
+               "must be an integer >= 0 (0 turns in-process restart off).", integer=True)
+        _check("InProcessConfig.max_attempts_without_progress", self.max_attempts_without_progress,
+               1, "must be an integer >= 1.", integer=True)
+        _check("InProcessConfig.interrupt_timeout_s", self.interrupt_timeout_s, 0.1,
+               "must be >= 0.1 s: ranks need time to unwind after an abort.")
+        _check("InProcessConfig.barrier_timeout_s", self.barrier_timeout_s, 1.0, "must be >= 1 s.")
+        if self.retry_limit is None:
+            self.retry_limit = Compose(
+                MaxAttempts(self.max_restarts),
+                NoProgressLimit(self.max_attempts_without_progress))
+
+
+RESPAWN_POLICIES = ("replace-failed", "all")
+
+
+@dataclasses.dataclass(kw_only=True)
+class InJobConfig:
+    """Rung 2: dead or stuck ranks get new actors in the same placement group.
+
+    `replace-failed` replaces only the failed ranks (survivors restart in-process);
+    `all` replaces every rank (what NVRx's ft_launcher does).
+    """
+
+    policy: str = "replace-failed"
+    """"replace-failed" | "all"."""
+    max_restarts: int = 10
+    """Respawns allowed in one run."""
+    max_attempts_without_progress: int = 3
+    """Stop when this many respawns in a row complete no new step (a rank that dies every time)."""
+    num_spares: int = 0
+    """Warm spare actors started ahead of time, so a replacement skips process start-up (a
+    used spare is replaced once the recovery has completed a step; it is warm 4-5 s later on a
+    small CPU node). Size it to the faults expected within that time."""
+    num_prestarted_workers: int = 1
+    """Ray worker processes kept booted on each node hosting ranks, for rank respawns without a
+    spare: they hold no resources and no rank state, and import torch, DTensor, DCP and FSDP2's
+    dynamo hooks in the background at idle CPU priority (they only take CPU nothing else on the
+    node wants), so a respawned rank skips its process boot and imports (2.5-3.5 s of the 4 s a
+    SIGKILL cost here). Asked for once the run completed its first step, and one more right after
+    each respawn; each holds torch's memory (about 0.4 GB here). More than one rarely helps: Ray
+    hands a new actor the most recently booted idle worker, which after a respawn is the one
+    still importing. 0: off (a respawned rank boots and imports in a new process)."""
+    heartbeat_timeout_s: float = 10.0
+    """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
+    replacement_timeout_s: float = 300.0
+    """How long to wait for capacity for a replacement (a lost node coming back)."""
+    min_workers: int | None = None
+    """Continue with fewer ranks (down to this many) when replacements find no capacity in time;
+    ranks above a gap shift down and the checkpoint is loaded resharded. None: never shrink."""
+    max_node_faults: int | None = None
+    """Exclude a node once more than this many faults lost or hung a rank's process on it: its
+    ranks move to other nodes (waiting up to replacement_timeout_s for room). None: never."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in RESPAWN_POLICIES:
+            raise ConfigError("InJobConfig.policy", self.policy, f"must be one of {RESPAWN_POLICIES}.")
+        _check("InJobConfig.max_restarts", self.max_restarts, 0, "must be an integer >= 0.",
+               integer=True)
+        _check("InJobConfig.max_attempts_without_progress", self.max_attempts_without_progress, 1,
+               "must be an integer >= 1.", integer=True)
+        _check("InJobConfig.num_spares", self.num_spares, 0, "must be an integer >= 0.", integer=True)
+        _check("InJobConfig.num_prestarted_workers", self.num_prestarted_workers, 0,
+               "must be an integer >= 0 (0: no prestarted worker processes).", integer=True)
+        _check("InJobConfig.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.5,
+               "must be >= 0.5 s (several progress intervals).")
+        _check("InJobConfig.replacement_timeout_s", self.replacement_timeout_s, 1.0, "must be >= 1 s.")
+        if self.min_workers is not None:
+            _check("InJobConfig.min_workers", self.min_workers, 1,
+                   "must be an integer >= 1, or None to never shrink the world.", integer=True)
+        if self.max_node_faults is not None:
+            _check("InJobConfig.max_node_faults", self.max_node_faults, 1,
+                   "must be an integer >= 1 (faults a node may host before it is excluded), "
+                   "or None to never exclude nodes.", integer=True)

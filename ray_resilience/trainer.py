@@ -12,13 +12,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
 from ray_resilience.errors import ConfigError, RunAbortedError
 from ray_resilience.result import Result
-from ray_resilience._internal import storage
-from ray_resilience._internal.artifacts import write_run_artifacts
+from ray_resilience._internal import run_folder
+from ray_resilience._internal.run_folder import write_run_artifacts
 from ray_resilience._internal.constants import (
     DEFAULT_SHUTDOWN_TIMEOUT_S, SUPERVISOR_MAX_CONCURRENCY, SUPERVISOR_NAME_PREFIX, forwarded_env)
 from ray_resilience._internal.display import ProgressDisplay
-from ray_resilience._internal.resources import check_cluster_can_host
-from ray_resilience._internal.supervisor import Supervisor
+from ray_resilience._internal.worker_group.resources import check_cluster_can_host
+from ray_resilience._internal.supervisor.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class ResilientTrainer:
             raise ConfigError(
                 "ResilienceConfig.fault_plan", harness,
                 "these kinds are fired by a test harness that controls nodes, writers or storage "
-                "(see tests/node_loss_run.py and tests/test_checkpoint_faults.py), not by the "
+                "(see tests/support/node_loss_run.py and tests/ray/test_checkpoint_faults.py), not by the "
                 "trainer; keep them out of the plan given to ResilientTrainer.")
 
     def fit(self) -> Result:
@@ -68,11 +68,11 @@ class ResilientTrainer:
             ray.init()
         in_job = self.resilience.in_job
         check_cluster_can_host(self.scaling_config, in_job.num_spares if in_job is not None else 0)
-        fs, base = storage.resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
+        fs, base = run_folder.resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
         run_path = posixpath.join(base, self.run_config.name)
-        storage.check_writable(fs, run_path, field="RunConfig.storage_path",
+        run_folder.check_writable(fs, run_path, field="RunConfig.storage_path",
                                value=self.run_config.storage_path)
-        run_dir = storage.run_dir_uri(self.run_config.storage_path, self.run_config.name)
+        run_dir = run_folder.run_dir_uri(self.run_config.storage_path, self.run_config.name)
         supervisor = self._start_supervisor(run_dir)
         payload = self._wait(supervisor)
         result = Result(

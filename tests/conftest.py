@@ -14,7 +14,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 # Plug-in fixture modules (each owns its own server or cluster).
-pytest_plugins: list[str] = ["tests.s3_server"]
+pytest_plugins: list[str] = ["tests.support.s3_server"]
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +42,9 @@ def ray_session():
     try:
         yield ray
     finally:
-        # Checkpoint tests reuse their ranks across tests and modules (tests/checkpoint_harness.py:
+        # Checkpoint tests reuse their ranks across tests and modules (tests/support/checkpoint_harness.py:
         # a parked rank holds no CPU and starts over from the seed); they go before Ray does.
-        harness = sys.modules.get("tests.checkpoint_harness")
+        harness = sys.modules.get("tests.support.checkpoint_harness")
         if harness is not None:
             harness.drain_parked()
         ray.shutdown()
@@ -63,10 +63,10 @@ def token_data_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def clean_run(ray_session, token_data_dir, tmp_path_factory):
-    """`clean_run(num_workers=2, max_steps=12)`: the fault-free run of tests/workload.py that
+    """`clean_run(num_workers=2, max_steps=12)`: the fault-free run of tests/support/workload.py that
     fault runs must end bit-equal to (the oracle), trained once per session per shape and
     shared by every module (each costs a run: actor start-up, imports, training)."""
-    from tests import workload
+    from tests.support import workload
 
     runs: dict[tuple[int, int], object] = {}
 

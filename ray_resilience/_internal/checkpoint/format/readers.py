@@ -1,0 +1,146 @@
+"""DCP storage readers for `torch.distributed.checkpoint.load`: committed steps in storage
+(checksums verified, metadata unpickled safely) and a rank's snapshot held in writer memory.
+
+Both are used with `SafeLoadPlanner`, whose byte items go through `torch.load(weights_only=True)`
+(DCP's default planner uses `weights_only=False`).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+from torch.futures import Future
+from torch.distributed.checkpoint import metadata as dcp_md
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner, create_default_global_save_plan)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType, LoadPlan, LoadPlanner, ReadItem, SavePlan)
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.distributed._shard._utils import narrow_tensor_by_index
+
+from ray_resilience._internal.checkpoint.format import layout, shard_io
+from ray_resilience._internal.checkpoint.format.commit import Manifest
+from ray_resilience._internal.checkpoint.format.dcp_metadata import loads_metadata
+from ray_resilience.checkpoint.errors import CheckpointCorruptError
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, except that byte items are loaded with `weights_only=True`."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def _copy_into(planner: LoadPlanner, req: ReadItem, tensor: torch.Tensor, where: str) -> None:
+    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+    target = planner.resolve_tensor(req).detach()
+    if target.size() != tensor.size():
+        raise CheckpointCorruptError(where, f"{req.storage_index.fqn}: stored chunk has shape "
+                                            f"{tuple(tensor.size())}, expected {tuple(target.size())}")
+    target.copy_(tensor)
+    planner.commit_tensor(req, target)
+
+
+class _ReaderBase(StorageReader):
+    def __init__(self) -> None:
+        super().__init__()
+        self.storage_data: dict = {}
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.storage_data = {}
+
+    def set_up_storage_reader(self, metadata: dcp_md.Metadata, is_coordinator: bool,
+                              *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False
+
+
+class StorageShardReader(_ReaderBase):
+    """Reads a committed step; every file is checked against the manifest before use."""
+
+    def __init__(self, storage: CheckpointStorage, manifest: Manifest) -> None:
+        super().__init__()
+        self.storage, self.manifest = storage, manifest
+        self.folder = manifest.step_dir.name
+
+    def _read(self, name: str) -> memoryview:
+        if name not in self.manifest.files:
+            raise CheckpointCorruptError(self.storage.display(f"{self.folder}/{name}"),
+                                         "the file is not listed in the commit manifest")
+        return shard_io.read_verified(self.storage, self.folder, name, self.manifest.files[name])
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_md.Metadata:
+        data = self._read(layout.METADATA_NAME)
+        return loads_metadata(data, path=self.storage.display(f"{self.folder}/{layout.METADATA_NAME}"))
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for req in plan.items:
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        for name, reqs in per_file.items():
+            data, where = self._read(name), self.storage.display(f"{self.folder}/{name}")
+            for req in reqs:
+                info = self.storage_data[req.storage_index]
+                if info.offset < 0 or info.offset + info.length > len(data):
+                    raise CheckpointCorruptError(
+                        where, f"{req.storage_index.fqn}: item lies outside the file")
+                chunk = io.BytesIO(data[info.offset:info.offset + info.length])
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, chunk)
+                else:
+                    tensor = torch.load(chunk, map_location="cpu", weights_only=True)
+                    _copy_into(planner, req, tensor, where)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+
+class MemoryShardReader(_ReaderBase):
+    """Serves a rank's own snapshot from writer memory. The caller has checked that the
+    snapshot's items match the target state exactly (same shard layout)."""
+
+    def __init__(self, items: list, payload: ShardPayload, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self._tensors: dict[dcp_md.MetadataIndex, Any] = {}
+        self._blobs: dict[dcp_md.MetadataIndex, bytes] = {}
+        arrays, blobs = iter(payload.arrays), iter(payload.blobs)
+        for item in items:
+            if is_tensor_item(item):
+                self._tensors[item.index] = shard_io.as_tensor(next(arrays), item)
+            else:
+                self._blobs[item.index] = next(blobs)
+        _, self._metadata = create_default_global_save_plan([SavePlan(list(items))],
+                                                            rewrite_index_hints=False)
+        self._metadata.storage_data = {index: index for index in (*self._tensors, *self._blobs)}
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_md.Metadata:
+        return self._metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        for req in plan.items:
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(self._blobs[req.storage_index]))
+            else:
+                _copy_into(planner, req, self._tensors[req.storage_index], self.where)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future

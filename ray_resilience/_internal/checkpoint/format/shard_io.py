@@ -1,0 +1,129 @@
+"""A rank's files in a step folder: the DCP data file and the extra-state file, with CRC32s.
+
+The data file is what torch's `FileSystemWriter` writes: each tensor item `torch.save`'d and each
+byte item's bytes, back to back, located by (offset, length) in the metadata. Called by writer
+actors (write) and by ranks loading from storage (read and verify).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import WriteItem
+
+from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience.checkpoint.errors import CheckpointCorruptError
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.wire import FileDigest, ShardPayload, SaveTicket, is_tensor_item
+
+
+class _DigestStream:
+    """Forwards writes to `out`, keeping the byte count and running CRC32."""
+
+    def __init__(self, out: Any) -> None:
+        self._out, self.size, self.crc32 = out, 0, 0
+        self.error: BaseException | None = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            self._out.write(view)
+        except BaseException as exc:
+            self.error = exc  # torch.save's zip writer replaces it with a vague RuntimeError
+            raise
+        self.crc32 = zlib.crc32(view, self.crc32)
+        self.size += len(view)
+        return len(view)
+
+    def flush(self) -> None:
+        pass
+
+    def tell(self) -> int:
+        return self.size
+
+    @property
+    def digest(self) -> FileDigest:
+        return FileDigest(self.size, self.crc32)
+
+
+def as_tensor(array: np.ndarray, item: WriteItem) -> torch.Tensor:
+    """The item's tensor over a flat uint8 array (no copy; the array may be read-only)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only plasma buffers; never written
+        flat = torch.from_numpy(array)
+    return flat.view(item.tensor_data.properties.dtype).view(item.tensor_data.chunk.sizes)
+
+
+_BUFFERED_MAX_BYTES = 4 * 2**20
+"""Tensors up to this size are `torch.save`d into memory first: torch's zip writer makes ~40
+small writes per tensor, each a Python call through the digest into storage (a third of a
+small shard's write time); one write of the finished blob instead. Larger tensors stream."""
+
+
+def _save_tensor(tensor: torch.Tensor, stream: _DigestStream) -> None:
+    if tensor.numel() * tensor.element_size() <= _BUFFERED_MAX_BYTES:
+        buffer = io.BytesIO()
+        torch.save(tensor, buffer)
+        stream.write(buffer.getbuffer())
+        return
+    try:
+        torch.save(tensor, stream)
+    except Exception:
+        if stream.error is not None:
+            raise stream.error from None  # the storage error (disk full, network), not torch's
+        raise
+
+
+def write_shard(storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPayload,
+                ) -> tuple[dict[str, FileDigest], list[WriteItem], dict[MetadataIndex, _StorageInfo]]:
+    """Writes the rank's data and extra files; returns their digests, the items written and
+    where each landed. Overwrites files of an earlier try of the same shard."""
+    folder = ticket.dir_name
+    storage.make_dir(folder)
+    data_name = layout.data_file_name(ticket.rank)
+    written, infos = [], {}
+    with storage.open_output(f"{folder}/{data_name}") as out:
+        stream = _DigestStream(out)
+        arrays, blobs = iter(payload.arrays), iter(payload.blobs)
+        for item, owned in zip(ticket.items, ticket.owned, strict=True):
+            data = next(arrays) if is_tensor_item(item) else next(blobs)
+            if not owned:
+                continue
+            offset = stream.size
+            if is_tensor_item(item):
+                _save_tensor(as_tensor(data, item), stream)
+            else:
+                stream.write(data)
+            written.append(item)
+            infos[item.index] = _StorageInfo(data_name, offset, stream.size - offset)
+    extra_name = layout.extra_file_name(ticket.rank)
+    with storage.open_output(f"{folder}/{extra_name}") as out:
+        extra_stream = _DigestStream(out)
+        extra_stream.write(payload.extra)
+    return {data_name: stream.digest, extra_name: extra_stream.digest}, written, infos
+
+
+def read_verified(storage: CheckpointStorage, folder: str, name: str,
+                  expected: FileDigest) -> memoryview:
+    """Reads a whole file of a committed step and checks its size and CRC32 against the
+    manifest. Raises CheckpointCorruptError naming the file when it is missing or differs."""
+    rel = f"{folder}/{layout.check_file_name(name, where=storage.display(folder))}"
+    try:
+        data = storage.read_bytes(rel)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(storage.display(rel), "the file is missing") from None
+    if len(data) != expected.size:
+        raise CheckpointCorruptError(storage.display(rel),
+                                     f"size {len(data)} bytes, the manifest says {expected.size}")
+    actual = zlib.crc32(data)
+    if actual != expected.crc32:
+        raise CheckpointCorruptError(storage.display(rel),
+                                     f"CRC32 {actual:#010x}, the manifest says {expected.crc32:#010x}")
+    return data

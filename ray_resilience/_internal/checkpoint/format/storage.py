@@ -1,0 +1,203 @@
+"""`CheckpointStorage`: the run's `checkpoints/` folder through `pyarrow.fs` (local, FSx or S3).
+
+Picklable: it travels to writer actors and ranks inside their specs. Every failure becomes a
+typed `CheckpointStorageError` naming the path; `retrying` retries the transient ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience.checkpoint.errors import CheckpointStorageError, classify
+from ray_resilience.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def resolve(storage_path: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a local path, a file:// or an s3:// URI."""
+    if filesystem is not None:
+        return filesystem, storage_path
+    if "://" not in storage_path:
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(storage_path))
+    try:
+        return pafs.FileSystem.from_uri(storage_path)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise ConfigError("RunConfig.storage_path", storage_path,
+                          f"pyarrow cannot open it ({exc}); use a local path or "
+                          "s3://bucket/prefix[?endpoint_override=host:port&scheme=http].") from exc
+
+
+def _with_env_credentials(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """S3 filesystems resolve credentials in whichever process uses them; Ray actors do not see
+    the driver's environment, so static keys from this process's env are made explicit."""
+    if not isinstance(fs, pafs.S3FileSystem) or not os.environ.get(_AWS_ENV[0]):
+        return fs
+    options = dict(fs.__reduce__()[1][0])
+    if options.get("access_key") or options.get("anonymous") or options.get("role_arn"):
+        return fs
+    options.update(access_key=os.environ[_AWS_ENV[0]], secret_key=os.environ.get(_AWS_ENV[1], ""),
+                   session_token=os.environ.get(_AWS_ENV[2]) or None)
+    return pafs.S3FileSystem._reconstruct(options)
+
+
+class CheckpointStorage:
+    """Files under `<run_dir>/checkpoints/`; paths are relative to that folder, '/'-separated."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, display_root: str) -> None:
+        self.fs, self.root, self.display_root = fs, root.rstrip("/"), display_root.rstrip("/")
+        self.is_local = isinstance(fs, pafs.LocalFileSystem)
+
+    @classmethod
+    def for_run(cls, storage_path: str, run_name: str,
+                filesystem: pafs.FileSystem | None = None) -> CheckpointStorage:
+        """Storage for `<storage_path>/<run_name>/checkpoints` (a path, file:// or s3:// URI)."""
+        fs, base = resolve(storage_path, filesystem)
+        fs = _with_env_credentials(fs)
+        root = posixpath.join(base, run_name, layout.CHECKPOINTS_DIR)
+        if isinstance(fs, pafs.LocalFileSystem):
+            display = root
+        else:
+            display = f"{fs.type_name}://{root}"
+        return cls(fs, root, display)
+
+    def __reduce__(self):
+        return (CheckpointStorage, (self.fs, self.root, self.display_root))
+
+    # --- paths ------------------------------------------------------------------------------
+
+    def path(self, rel: str = "") -> str:
+        return posixpath.join(self.root, rel) if rel else self.root
+
+    def display(self, rel: str = "") -> str:
+        """The path as a user would write it, for messages."""
+        return posixpath.join(self.display_root, rel) if rel else self.display_root
+
+    @contextlib.contextmanager
+    def _errors(self, rel: str, operation: str) -> Iterator[None]:
+        try:
+            yield
+        except (CheckpointStorageError, FileNotFoundError):
+            raise
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise classify(exc, self.display(rel), operation) from exc
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def list_step_dirs(self) -> list[layout.StepDir]:
+        """Step folders present (committed or not), oldest first. Other names are ignored."""
+        with self._errors("", "list"):
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        found = (layout.parse_step_dir(posixpath.basename(i.path.rstrip("/")))
+                 for i in infos if i.type == pafs.FileType.Directory)
+        return sorted(d for d in found if d is not None)
+
+    def exists(self, rel: str) -> bool:
+        with self._errors(rel, "stat"):
+            return self.fs.get_file_info(self.path(rel)).type == pafs.FileType.File
+
+    def read_bytes(self, rel: str) -> memoryview:
+        """The whole file. Raises FileNotFoundError (not a storage error) when it is absent."""
+        with self._errors(rel, "read"):
+            try:
+                with self.fs.open_input_file(self.path(rel)) as f:
+                    return memoryview(f.read_buffer())
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError) or "NoSuchKey" in str(exc) \
+                        or "Path does not exist" in str(exc):
+                    raise FileNotFoundError(self.display(rel)) from exc
+                raise
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def make_dir(self, rel: str) -> None:
+        if self.is_local:  # object stores have no folders to create
+            with self._errors(rel, "create the folder"):
+                self.fs.create_dir(self.path(rel), recursive=True)
+
+    @contextlib.contextmanager
+    def open_output(self, rel: str) -> Iterator[pafs.NativeFile]:
+        """A stream that replaces `rel`. On local disks the file is fsync'ed when it closes; on
+        S3 the object appears only when the upload completes."""
+        with self._errors(rel, "write"):
+            with self.fs.open_output_stream(self.path(rel)) as stream:
+                yield stream
+            if self.is_local:
+                _fsync(self.path(rel))
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Readers see the old content or the new one, never a torn file (rename on POSIX, a
+        single PUT on S3)."""
+        if not self.is_local:
+            with self.open_output(rel) as out:
+                out.write(data)
+            return
+        tmp = f"{rel}.tmp-{uuid.uuid4().hex}"
+        with self.open_output(tmp) as out:
+            out.write(data)
+        with self._errors(rel, "rename into"):
+            self.fs.move(self.path(tmp), self.path(rel))
+            _fsync(posixpath.dirname(self.path(rel)))
+
+    def delete_file(self, rel: str) -> None:
+        with self._errors(rel, "delete"):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self.path(rel))
+
+    def delete_dir(self, rel: str) -> None:
+        with self._errors(rel, "delete the folder"):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_dir(self.path(rel))
+
+    def check_writable(self) -> None:
+        """Creates the folder and writes/deletes a probe file; raises naming the path if not."""
+        probe = f".write-probe-{uuid.uuid4().hex}"
+        self.make_dir("")
+        with self.open_output(probe) as out:
+            out.write(b"ok")
+        self.delete_file(probe)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def retrying(fn: Callable[[], T], *, what: str, num_retries: int, backoff_s: float,
+             max_backoff_s: float = 30.0,
+             on_retry: Callable[[CheckpointStorageError, float], None] | None = None) -> T:
+    """Calls `fn`, retrying transient storage errors with exponential backoff.
+
+    Non-retryable errors (permission denied, disk full) are raised at once; after `num_retries`
+    failed retries the last error is raised.
+    """
+    delay = backoff_s
+    for attempt in range(num_retries + 1):
+        try:
+            return fn()
+        except CheckpointStorageError as err:
+            if not err.retryable or attempt == num_retries:
+                raise
+            logger.warning("%s failed (%s); retry %d/%d in %.1f s", what, err, attempt + 1,
+                           num_retries, delay)
+            if on_retry is not None:
+                on_retry(err, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, max_backoff_s)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,396 @@
+"""Per-rank save pipeline: stage snapshots, vote in save rounds, hand claimed steps to the writer.
+
+The training thread only stages (`stage`): it takes a slot (see `slots.py`), copies what a
+forward pass may change, leaves the rest to the copier (`copier.py`) and queues the step's round.
+Two background threads do everything else:
+
+- rounds: takes the rounds in step order; votes *ready* once the slot's copy is complete and
+  untorn and this rank's writer is idle (under `coalesce` it stops waiting for the writer when a
+  newer save arrives and votes not ready); asks the commit coordinator for the outcome (see
+  `rounds.py`); for a claimed round `ray.put`s the staging buffers (Ray copies numpy views into
+  the object store, freeing the slot) and calls `writer.receive` (the writer copies that into an
+  object it owns, so it outlives this process).
+- waiter: waits until the writer reports the shard durable or given up.
+
+So the training thread never takes part in a collective or an RPC for saving, and never waits
+for storage unless the policy is `block`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from ray_resilience._internal.priority import defer_wakeups
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
+from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot
+from ray_resilience._internal.checkpoint.service.rounds import RoundResult
+from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, Slot, SlotPool, SlotState
+from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
+from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket, ShardOutcome
+from ray_resilience._internal.checkpoint.service.warm_import import dumps
+
+logger = logging.getLogger(__name__)
+_POLL_S = 2.0
+VOTE_WAIT_S = 1.0
+"""How long one coordinator call waits for a round's outcome before the rank asks again."""
+CALL_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass(eq=False)
+class _Round:
+    session: str
+    step: int
+    slot: Slot | None
+    plan_id: str
+    keys: list[tuple[str, int]]
+
+
+class WriterLink:
+    """This rank's current writer; replaced through the coordinator when it dies."""
+
+    def __init__(self, *, rank: int, writer: Any, writer_id: str, coordinator: Any) -> None:
+        self.rank, self.handle, self.writer_id, self.coordinator = rank, writer, writer_id, coordinator
+
+    def replace(self) -> None:
+        dead = self.writer_id
+        self.handle, self.writer_id = ray.get(self.coordinator.replace_writer.remote(self.rank, dead))
+        logger.warning("rank %d: checkpoint writer %s died; now using %s", self.rank, dead, self.writer_id)
+
+
+class HandoffPipeline:
+    """One rank's saves after the training thread let go of them."""
+
+    def __init__(self, *, rank: int, world_size: int, config: CheckpointConfig, link: WriterLink,
+                 stats: RankSaveStats, copy_delay_s: float = 0.0) -> None:
+        self.rank, self.world_size, self.config, self.link, self.stats = rank, world_size, config, link, stats
+        # One lock, several conditions: each background thread waits on its own, so a save
+        # wakes only the thread that has work (on a busy core every needless wake-up is a
+        # context switch and a GIL hand-off the training thread pays for).
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        self._handed_cond = threading.Condition(lock)
+        self.pool = SlotPool()
+        self.copier = Copier(rank=rank, cond=self.cond, stats=stats, done=self._copied, delay_s=copy_delay_s)
+        self.session: str | None = None
+        self.writing: SaveTicket | None = None
+        self._rounds: collections.deque[_Round] = collections.deque()
+        self._voting: _Round | None = None
+        self._sent_plans: set[str] = set()
+        self._writer_plans: set[tuple[str, str]] = set()
+        """(writer id, plan id) of the plans a writer was sent (rounds thread only)."""
+        self._handed: collections.deque[SaveTicket] = collections.deque()
+        self._closed = False
+        self._threads = [threading.Thread(target=target, name=f"rr-ckpt-{name}-r{rank}", daemon=True)
+                         for name, target in (("rounds", self._run_rounds), ("wait", self._run_waiter))]
+        for thread in self._threads:
+            thread.start()
+
+    # --- training thread --------------------------------------------------------------------
+
+    def begin_session(self, session: str) -> None:
+        """A new attempt: rounds and unvoted snapshots of the old session are dropped."""
+        with self.cond:
+            self.session, self._sent_plans = session, set()
+            for rnd in [r for r in self._rounds if r is not self._voting]:
+                self._rounds.remove(rnd)
+            dropped = self.pool.drop_unvoted()
+            self.stats.counts["dropped_at_restart"] += dropped
+            self.cond.notify_all()
+
+    def stage(self, step: int, source: SaveSource, extra: ExtraSnapshot, *, copy_all_now: bool) -> bool:
+        """Takes the snapshot of `step` (or skips it, per policy) and queues its round."""
+        policy = self.config.in_flight_policy
+        with self.cond:
+            slot = None
+            if policy == "skip" and (self.pool.busy() or self.writing is not None or self._rounds):
+                self.stats.counts["skipped"] += 1
+            else:
+                slot, withdrawn = self.pool.acquire(source.items, source.tensors,
+                                                    may_withdraw=policy == "coalesce")
+                if withdrawn is not None:
+                    self._withdraw(withdrawn)
+                if slot is None:
+                    self.stats.counts["skipped"] += 1  # every slot still in use: never wait
+            rnd = _Round(self.session, step, slot, source.plan_id, source.keys)
+            if slot is None:
+                self._rounds.append(rnd)
+                self.cond.notify_all()
+                return False
+            slot.ticket = SaveTicket(session=self.session, step=step, rank=self.rank,
+                                     world_size=self.world_size, items=source.items, owned=[],
+                                     planner_data=source.planner_data, staged_at=time.time(),
+                                     plan_id=source.plan_id)
+            slot.state, slot.blobs, slot.extra = SlotState.COPYING, source.blobs, extra
+        # The round is queued after the synchronous part of the copy, waking one thread: the
+        # copier, or (all copied) the rounds thread. None could do anything with it before (a
+        # slot is voted on only once its copy is complete), and waking them while this thread
+        # copies cost it GIL hand-offs.
+        later = [] if copy_all_now else source.overlap
+        now = list(range(len(source.tensors))) if copy_all_now else source.immediate
+        slot.buffers.copy_now(source.tensors, now)
+        with self.cond:
+            self._rounds.append(rnd)
+            if later:  # wakes the copier alone; its completion wakes the rounds thread
+                self.copier.submit(new_job(slot, source, later))
+            else:
+                self._copied(slot, None)
+        self.stats.counts["staged"] += 1
+        return True
+
+    def _withdraw(self, slot: Slot) -> None:
+        for rnd in self._rounds:
+            if rnd.slot is slot:
+                rnd.slot = None
+        slot.release()
+        self.stats.counts["coalesced"] += 1
+
+    def busy(self) -> bool:
+        return self.pool.busy() or self.writing is not None or bool(self._rounds)
+
+    def wait_idle(self, timeout_s: float | None, *, why: str) -> bool:
+        """Waits until nothing is staged, voted on or being written; warns periodically."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        start = time.monotonic()
+        with self.cond:
+            while self.busy() and not self._closed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                wait = self.config.warn_interval_s if left is None else min(left, self.config.warn_interval_s)
+                if not self.cond.wait(wait) and self.busy():
+                    logger.warning("rank %d: %s; still waiting after %.0f s (%s)", self.rank, why,
+                                   time.monotonic() - start, self.describe())
+            return not self.busy()
+
+    def describe(self) -> str:
+        slots = ", ".join(f"step {s.step} {s.state.value}" for s in self.pool.slots if s.state.busy)
+        writing = f"step {self.writing.step} being written" if self.writing else "writer idle"
+        return f"{slots or 'no snapshot held'}; {writing}; {len(self._rounds)} round(s) open"
+
+    def close(self) -> None:
+        with self.cond:
+            self._closed = True
+            self.cond.notify_all()
+            self._handed_cond.notify_all()
+        self.copier.close()
+        for thread in self._threads:
+            thread.join(timeout=_POLL_S + VOTE_WAIT_S + 5.0)
+
+    # --- copier callback (holds the condition) -----------------------------------------------
+
+    def _copied(self, slot: Slot, torn: str | None) -> None:
+        if torn is not None:
+            self.stats.counts["torn"] += 1
+        if slot.ticket is None or slot.ticket.session != self.session or self._closed:
+            slot.release()  # a new session began while it was being copied
+        else:
+            slot.state, slot.torn = SlotState.STAGED, torn
+        self.cond.notify_all()
+
+    # --- rounds thread ----------------------------------------------------------------------
+
+    def _run_rounds(self) -> None:
+        defer_wakeups()
+        while True:
+            with self.cond:
+                while not self._closed and not self._rounds:
+                    self.cond.wait()
+                if self._closed:
+                    return
+                rnd = self._voting = self._rounds[0]
+                ready = self._wait_ready(rnd)
+                keys = None if rnd.plan_id in self._sent_plans else rnd.keys
+            result = self._vote(rnd, ready, keys)
+            with self.cond:
+                self._voting = None
+                if self._rounds and self._rounds[0] is rnd:
+                    self._rounds.popleft()
+                slot = rnd.slot
+                claimed = result.claimed and slot is not None and slot.state is SlotState.VOTING \
+                    and rnd.session == self.session and not self._closed
+                if claimed:
+                    slot.state = SlotState.PUTTING
+                elif slot is not None and slot.step == rnd.step and slot.state in (
+                        SlotState.VOTING, SlotState.STAGED):
+                    superseded = result.reason.startswith("not ready")
+                    self.stats.counts["coalesced" if superseded else "not_claimed"] += 1
+                    slot.release()
+                self.cond.notify_all()
+            if claimed:
+                self._hand_off(slot, result.owned)
+
+    def _wait_ready(self, rnd: _Round) -> bool:
+        """Under the condition: True (slot now VOTING) or False, once this rank knows."""
+        while True:
+            slot = rnd.slot
+            if self._closed or rnd.session != self.session or slot is None or slot.step != rnd.step:
+                return False
+            if slot.state is SlotState.COPYING:
+                if slot.event is not None:
+                    self.copier.settle_gpu(slot)
+                else:
+                    self.cond.wait()
+                continue
+            if slot.torn is not None:
+                return False
+            if self.writing is None and not self.pool.in_state(SlotState.PUTTING):
+                slot.state = SlotState.VOTING
+                return True
+            if self.config.in_flight_policy == "coalesce" and len(self._rounds) > 1:
+                return False  # a newer save is here: it replaces this one
+            self.cond.wait(self.config.warn_interval_s)
+
+    def _vote(self, rnd: _Round, ready: bool, keys: list | None) -> RoundResult:
+        coordinator, deadline = self.link.coordinator, time.monotonic() + self.config.write_timeout_s
+        if rnd.session != self.session:
+            return RoundResult(False, "session ended")
+        try:
+            result = ray.get(coordinator.vote.remote(rnd.session, rnd.step, self.rank, ready, rnd.plan_id,
+                                                     keys, VOTE_WAIT_S if ready else 0.0),
+                             timeout=CALL_TIMEOUT_S)
+            if keys is not None:
+                with self.cond:
+                    self._sent_plans.add(rnd.plan_id)
+            if not ready:
+                return result or RoundResult(False, "not ready: this rank")
+            next_warning = time.monotonic() + self.config.warn_interval_s
+            while result is None:
+                if self._closed or rnd.session != self.session:
+                    return RoundResult(False, "session ended")
+                now = time.monotonic()
+                if now > deadline:
+                    why = f"no outcome within CheckpointConfig.write_timeout_s={self.config.write_timeout_s}"
+                    coordinator.withdraw_round.remote(rnd.session, rnd.step, self.rank, why)
+                    return RoundResult(False, why)
+                if now > next_warning:
+                    missing = ray.get(coordinator.round_waiting_for.remote(rnd.session, rnd.step),
+                                      timeout=CALL_TIMEOUT_S)
+                    logger.warning("rank %d: checkpoint step %d waits for ranks %s to be ready",
+                                   self.rank, rnd.step, missing)
+                    next_warning = now + self.config.warn_interval_s
+                result = ray.get(coordinator.poll_round.remote(rnd.session, rnd.step, self.rank, VOTE_WAIT_S),
+                                 timeout=CALL_TIMEOUT_S)
+            return result
+        except Exception as exc:  # noqa: BLE001 - this save is lost; training goes on
+            logger.warning("rank %d: checkpoint step %d: commit coordinator unreachable (%s)",
+                           self.rank, rnd.step, exc)
+            return RoundResult(False, f"coordinator unreachable: {type(exc).__name__}")
+
+    def _hand_off(self, slot: Slot, owned: tuple[bool, ...]) -> None:
+        ticket = dataclasses.replace(slot.ticket, owned=list(owned))
+        try:
+            ref = ray.put(slot.buffers.payload(slot.blobs, slot.extra.encode()))
+        except Exception as exc:  # noqa: BLE001 - a failed hand-off loses this save only
+            with self.cond:
+                slot.release()
+                self.cond.notify_all()
+            self._record(ticket, ShardOutcome(ticket.session, ticket.step, False, f"ray.put failed: {exc}"))
+            return
+        with self.cond:
+            slot.release()
+            self.writing = ticket
+            self.cond.notify_all()
+        outcome = self._receive(ticket, [ref])
+        if outcome is not None:
+            self._finish_write(ticket, outcome)
+            return
+        with self.cond:
+            self._handed.append(ticket)
+            self._handed_cond.notify()
+
+    def _receive(self, ticket: SaveTicket, boxed: list) -> ShardOutcome | None:
+        """Gives the writer the object; None when it took it, else the failed outcome. The
+        plan (items, planner data: 0.8 ms of pickling per save for a 100-tensor state) goes
+        to a writer once; later tickets name it by id."""
+        writer_id = self.link.writer_id
+        plan = (writer_id, ticket.plan_id)
+        try:
+            answer = NEED_PLAN
+            if plan in self._writer_plans:
+                lean = dataclasses.replace(ticket, items=None, planner_data=None)
+                answer = ray.get(self.link.handle.receive.remote(dumps(lean), boxed),
+                                 timeout=self.config.write_timeout_s)
+            if answer == NEED_PLAN:
+                ray.get(self.link.handle.receive.remote(dumps(ticket), boxed),
+                        timeout=self.config.write_timeout_s)
+                self._writer_plans.add(plan)
+            return None
+        except RayActorError as exc:
+            self._replace_writer()
+            return ShardOutcome(ticket.session, ticket.step, False,
+                                f"writer {writer_id} died during the save ({type(exc).__name__})")
+        except GetTimeoutError:
+            return ShardOutcome(ticket.session, ticket.step, False, f"writer {writer_id} did not answer")
+        finally:
+            boxed.clear()  # the writer holds its own copy now (or the save is lost); free ours
+
+    # --- waiter thread ----------------------------------------------------------------------
+
+    def _run_waiter(self) -> None:
+        defer_wakeups()
+        while True:
+            with self.cond:
+                while not self._closed and not self._handed:
+                    self._handed_cond.wait()
+                if self._closed:
+                    return
+                ticket = self._handed.popleft()
+            self._finish_write(ticket, self._wait_durable(ticket))
+
+    def _wait_durable(self, ticket: SaveTicket) -> ShardOutcome:
+        deadline = time.monotonic() + self.config.write_timeout_s
+        writer_id, next_warning = self.link.writer_id, time.monotonic() + self.config.warn_interval_s
+        try:
+            while True:
+                outcome = ray.get(self.link.handle.wait.remote(ticket.key, _POLL_S), timeout=_POLL_S + 60)
+                if outcome is not None:
+                    return outcome
+                now = time.monotonic()
+                if self._closed or now > deadline:
+                    why = "checkpointer closed" if self._closed else (
+                        f"not durable within CheckpointConfig.write_timeout_s={self.config.write_timeout_s}")
+                    return ShardOutcome(ticket.session, ticket.step, False, why)
+                if now > next_warning:
+                    logger.warning("rank %d: checkpoint step %d not durable after %.0f s (writer %s)",
+                                   self.rank, ticket.step, now - deadline + self.config.write_timeout_s,
+                                   writer_id)
+                    next_warning = now + self.config.warn_interval_s
+        except RayActorError as exc:
+            self._replace_writer()
+            return ShardOutcome(ticket.session, ticket.step, False,
+                                f"writer {writer_id} died during the save ({type(exc).__name__})")
+        except GetTimeoutError:
+            return ShardOutcome(ticket.session, ticket.step, False, f"writer {writer_id} did not answer")
+
+    def _finish_write(self, ticket: SaveTicket, outcome: ShardOutcome) -> None:
+        self._record(ticket, outcome)
+        with self.cond:
+            if self.writing is ticket:
+                self.writing = None
+            self.cond.notify_all()
+
+    def _replace_writer(self) -> None:
+        try:
+            self.link.replace()
+        except Exception as exc:  # noqa: BLE001 - retried at the next save
+            logger.warning("rank %d: could not replace the checkpoint writer: %s", self.rank, exc)
+
+    def _record(self, ticket: SaveTicket, outcome: ShardOutcome) -> None:
+        if outcome.ok:
+            self.stats.counts["durable"] += 1
+            self.stats.last_durable_step = ticket.step
+            self.stats.durable_latency_s.append(time.time() - ticket.staged_at)
+            return
+        self.stats.counts["failed"] += 1
+        self.stats.last_error = f"step {ticket.step}: {outcome.error}"
+        logger.warning("rank %d: checkpoint of step %d was not saved: %s. Training continues; the "
+                       "previous committed checkpoint stays loadable.", self.rank, ticket.step, outcome.error)

@@ -1,0 +1,242 @@
+"""Loading the newest checkpoint on every rank, from local snapshots or memory when possible.
+
+Called by `RankCheckpointer.load` on the training thread of every rank. First the local tier
+(`local_tier.py`): the newest step of which every rank holds an intact snapshot on its node,
+when it is at least as new as the newest committed step. Then the
+committed steps, newest first, as the coordinator knows them (rank 0's list is used by all). For
+each candidate every rank loads its part, from its writer's memory when the shard layout matches
+(or from a writer holding a replica, when that one is gone), else from storage with every file
+checked against the manifest; then the ranks agree (all succeeded?) and either apply the state
+or fall back to the next older step, with a warning that names the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from typing import Any
+
+import ray
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+from ray_resilience._internal.checkpoint.format import commit, layout, shard_io
+from ray_resilience._internal.checkpoint.rank.agreement import Agreement
+from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointLoadError
+from ray_resilience._internal.checkpoint.format.extra_codec import decode_extra
+from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots, layout_digest
+from ray_resilience._internal.checkpoint.format.readers import MemoryShardReader, SafeLoadPlanner, StorageShardReader
+from ray_resilience._internal.checkpoint.rank.snapshot import MODEL_KEY, OPTIMIZER_KEY, capture, state_dict_of
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.wire import is_tensor_item, item_nbytes, layout_key
+from ray_resilience.checkpoint.loaded import LoadedCheckpoint
+
+logger = logging.getLogger(__name__)
+CALL_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass
+class LoadTarget:
+    """Who loads what: this rank, its model/optimizer, and where checkpoints live."""
+
+    rank: int
+    storage: CheckpointStorage
+    coordinator: Any
+    memory_tier: bool
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    local: LocalSnapshots | None = None
+
+
+def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | None:
+    """Restores the newest step every rank can load. None when nothing is committed (and no
+    local snapshot exists); raises CheckpointLoadError when steps are committed but none loads
+    on every rank."""
+    committed, holders = ray.get(target.coordinator.load_info.remote(target.rank), timeout=CALL_TIMEOUT_S)
+    offer, own = _local_offer(target)
+    gathered = agreement.gather(([d.name for d in committed], offer))
+    names = gathered[0][0]
+    candidates = [d for d in map(layout.parse_step_dir, names) if d is not None]
+    failures = []
+    common = _newest_common([g[1] for g in gathered])
+    if common is not None and (not candidates or common[1] >= candidates[0].step):
+        state, loaded, error = _try_local(target, common, own)
+        if agreement.all_true(loaded is not None):
+            _apply(target.model, target.optimizer, state)
+            target.local.keep_only(*common)
+            logger.info("rank %d: resumed from step %d (local tier)", target.rank, loaded.step)
+            return loaded
+        errors = agreement.gather(error)
+        reason = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e) or "unknown error"
+        failures.append(f"local step {common[1]} ({reason})")
+        logger.warning("rank %d: local snapshot of step %d is not loadable on every rank (%s); "
+                       "loading the newest committed step", target.rank, common[1], reason)
+    if target.local is not None:  # what follows starts a new timeline: no old file may mix in
+        target.local.keep_only(None, None)
+    for step_dir in candidates:
+        state, loaded, error = _try_step(target, step_dir, holders.get(step_dir))
+        if agreement.all_true(loaded is not None):
+            _apply(target.model, target.optimizer, state)
+            loaded = dataclasses.replace(loaded, fallbacks=tuple(failures))
+            logger.info("rank %d: resumed from checkpoint step %d (%s tier)", target.rank,
+                        loaded.step, loaded.tier)
+            return loaded
+        errors = agreement.gather(error)
+        reason = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e) or "unknown error"
+        failures.append(f"step {step_dir.step} ({reason})")
+        logger.warning("rank %d: checkpoint step %d is not loadable on every rank (%s); falling back "
+                       "to the previous committed step", target.rank, step_dir.step, reason)
+    if candidates:
+        raise CheckpointLoadError(target.storage.display(), failures)
+    return None
+
+
+def _local_offer(target: LoadTarget) -> tuple[list[tuple[str, int]], tuple[list, str] | None]:
+    """This rank's intact local snapshots with its current shard layout: [(session, step)],
+    and (its save items, their layout digest) when it has any."""
+    local = target.local
+    slots = local.slots() if local is not None and local.disabled is None else []
+    if not slots:  # no plan to build (25+ ms) on a rank with nothing to offer
+        return [], None
+    items, _ = capture(target.model, target.optimizer).build_items()
+    digest = layout_digest(items)
+    return [(s.session, s.step) for s in slots if s.layout == digest], (items, digest)
+
+
+def _newest_common(offers: list[list[tuple[str, int]]]) -> tuple[str, int] | None:
+    """The newest (session, step) every rank offered."""
+    common = set.intersection(*(set(map(tuple, o)) for o in offers)) if offers else set()
+    return max(common, key=lambda key: key[1]) if common else None
+
+
+def _try_local(target: LoadTarget, key: tuple[str, int], own: tuple[list, str] | None,
+               ) -> tuple[dict, LoadedCheckpoint | None, str | None]:
+    state = state_dict_of(target.model, target.optimizer)
+    local = target.local
+    if own is None or local is None:
+        return state, None, "no local snapshot"
+    items, digest = own
+    where = f"local snapshot of step {key[1]} in {local.root}"
+    try:
+        sizes = [item_nbytes(i) for i in items if is_tensor_item(i)]
+        payload = local.read(key[0], key[1], digest, sizes)
+        if payload is None:
+            return state, None, f"{where}: changed or unreadable"
+        _dcp_load(state, MemoryShardReader(items, payload, where=where))
+        extra = decode_extra(payload.extra, path=where)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the committed tiers remain
+        return state, None, _describe(exc)
+    return state, LoadedCheckpoint(step=key[1], extra=extra, tier="local", path=local.root), None
+
+
+def _try_step(target: LoadTarget, step_dir: layout.StepDir, holders: list[Any] | None,
+              ) -> tuple[dict, LoadedCheckpoint | None, str | None]:
+    state = state_dict_of(target.model, target.optimizer)
+    path = target.storage.display(step_dir.name)
+    try:
+        extra, replica = None, False
+        for index, holder in enumerate(holders or []) if target.memory_tier else ():
+            extra = _from_memory(target, step_dir, holder, state)
+            if extra is not None:
+                replica = index > 0
+                break
+        tier = "memory"
+        if extra is None:
+            extra, tier = _from_storage(target, step_dir, state), "storage"
+        return state, LoadedCheckpoint(step=step_dir.step, extra=extra, tier=tier, path=path,
+                                       replica=replica), None
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank falls back together
+        return state, None, _describe(exc)
+
+
+def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any, state: dict) -> dict | None:
+    try:
+        entry = ray.get(holder.memory_entry.remote(target.rank, step_dir.session, step_dir.step),
+                        timeout=CALL_TIMEOUT_S)
+        if entry is None:
+            return None
+        extra = _load_snapshot(target.model, target.optimizer, state, entry.items, entry.boxed[0],
+                               where=f"memory of {step_dir.name}")
+        if extra is None:
+            logger.info("rank %d: memory copy of step %d has another shard layout; reading storage",
+                        target.rank, step_dir.step)
+        return extra
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - storage remains the fallback
+        logger.warning("rank %d: memory copy of step %d unusable (%s); trying a replica, if any, "
+                       "then storage", target.rank, step_dir.step, _describe(exc))
+        return None
+
+
+def _load_snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict,
+                   items: list, payload_ref: Any, *, where: str) -> dict | None:
+    """Loads a rank's snapshot (its save plan's `items`, its `ShardPayload` in the object store)
+    into `state`; returns its extra state, or None when the snapshot's shard layout is not the
+    target's (nothing is read then)."""
+    own, _ = capture(model, optimizer).build_items()
+    if layout_key(own) != layout_key(items):
+        return None
+    payload = ray.get(payload_ref, timeout=CALL_TIMEOUT_S)
+    _dcp_load(state, MemoryShardReader(items, payload, where=where))
+    return decode_extra(payload.extra, path=where)
+
+
+def _from_storage(target: LoadTarget, step_dir: layout.StepDir, state: dict) -> dict:
+    manifest = commit.read_manifest(target.storage, step_dir)
+    if manifest is None:
+        raise CheckpointCorruptError(target.storage.display(f"{step_dir.name}/{layout.MANIFEST_NAME}"),
+                                     "the commit manifest disappeared")
+    _dcp_load(state, StorageShardReader(target.storage, manifest))
+    owner = target.rank if target.rank < manifest.world_size else 0
+    name = layout.extra_file_name(owner)
+    if name not in manifest.files:
+        raise CheckpointCorruptError(target.storage.display(f"{step_dir.name}/{name}"),
+                                     "the extra-state file is not in the manifest")
+    data = shard_io.read_verified(target.storage, step_dir.name, name, manifest.files[name])
+    return decode_extra(data, path=target.storage.display(f"{step_dir.name}/{name}"))
+
+
+def _dcp_load(state: dict, reader: Any) -> None:
+    """DCP load of this rank's part only: reading needs no coordination between ranks."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+
+
+def _apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict) -> None:
+    set_model_state_dict(model, state[MODEL_KEY])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
+
+
+def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Runs a memory-tier restore of `model`/`optimizer` from their own snapshot, in process.
+
+    The first snapshot, DCP load planning, `set_*_state_dict` and `ray.get` of a shard payload in
+    a process pay for lazy imports and caches (0.3-0.4 s on a busy 2-core machine): a warm spare
+    pays them before it takes over a dead rank. No RPC, no collective; `model` and `optimizer`
+    end with the values they had.
+    """
+    from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra  # noqa: PLC0415
+    from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers  # noqa: PLC0415
+    from ray_resilience._internal.checkpoint.rank.state_cache import StateCache  # noqa: PLC0415
+
+    source = StateCache().source(model, optimizer)
+    buffers = StagingBuffers(source.items, source.tensors)
+    buffers.copy_now(source.tensors, list(range(len(source.tensors))))
+    ref = ray.put(buffers.payload(source.blobs, encode_extra({"step": 0})))
+    state = state_dict_of(model, optimizer)
+    if _load_snapshot(model, optimizer, state, source.items, ref, where="warm-up") is None:
+        raise RuntimeError("warm-up: the rebuilt save plan differs from the cached one")
+    _apply(model, optimizer, state)
+
+
+def _describe(exc: BaseException) -> str:
+    """The most specific message: DCP wraps reader errors in a CheckpointException."""
+    for failure in getattr(exc, "failures", {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException):
+            return f"{type(inner).__name__}: {inner}"
+    return f"{type(exc).__name__}: {exc}"

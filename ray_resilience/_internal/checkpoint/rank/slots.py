@@ -1,0 +1,129 @@
+"""Snapshot slots: the reusable staging buffers of one rank and what each holds.
+
+A slot moves FREE -> COPYING (the copier fills it) -> STAGED (a complete snapshot of one step)
+-> VOTING (its round is being decided) -> PUTTING (claimed; copied into Ray's object store) ->
+FREE. A STAGED slot whose round has not started voting can be withdrawn for a newer save
+(`coalesce`). With at most `MAX_SLOTS` slots, a rank holds at most one snapshot waiting for its
+round while the previous one is being handed to the writer.
+
+`SlotPool` is plain bookkeeping; callers hold the pipeline's lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import time
+from typing import Any
+
+from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
+from ray_resilience._internal.checkpoint.wire import SaveTicket
+
+MAX_SLOTS = 2
+
+
+class SlotState(enum.Enum):
+    FREE = "free"
+    COPYING = "copying"
+    STAGED = "staged"
+    VOTING = "voting"
+    PUTTING = "putting"
+
+    @property
+    def busy(self) -> bool:
+        """Holds a snapshot that is not yet handed off or dropped."""
+        return self is not SlotState.FREE
+
+
+@dataclasses.dataclass(eq=False)
+class Slot:
+    buffers: StagingBuffers
+    state: SlotState = SlotState.FREE
+    ticket: SaveTicket | None = None
+    blobs: list[bytes] = dataclasses.field(default_factory=list)
+    extra: Any = None
+    """The step's `ExtraSnapshot` (encoded when the slot is handed off)."""
+    torn: str | None = None
+    """Why the snapshot cannot be trusted (a tensor changed while it was copied)."""
+    event: Any = None
+    """On GPU: the CUDA event that marks the end of the device-to-host copies."""
+
+    @property
+    def step(self) -> int | None:
+        return None if self.ticket is None else self.ticket.step
+
+    def release(self) -> None:
+        self.state, self.ticket, self.blobs, self.extra = SlotState.FREE, None, [], None
+        self.torn, self.event = None, None
+
+
+class SlotPool:
+    """The slots of one rank (created on demand, reused while the state's layout holds)."""
+
+    def __init__(self) -> None:
+        self.slots: list[Slot] = []
+
+    @property
+    def staging_bytes(self) -> int:
+        return sum(s.buffers.nbytes for s in self.slots)
+
+    def busy(self) -> bool:
+        return any(s.state.busy for s in self.slots)
+
+    def in_state(self, *states: SlotState) -> list[Slot]:
+        return [s for s in self.slots if s.state in states]
+
+    def acquire(self, items: list, sources: list, *, may_withdraw: bool) -> tuple[Slot | None, Slot | None]:
+        """A slot for a new snapshot of `items`: (slot, withdrawn). `withdrawn` is the STAGED slot
+        whose older snapshot was dropped to make room (coalesce); (None, None) when every slot
+        is still in use, so this save cannot be staged without waiting."""
+        for slot in self.slots:
+            if slot.state is SlotState.FREE and slot.buffers.matches(items):
+                return slot, None
+        stale = [s for s in self.slots if s.state is SlotState.FREE]
+        if stale or len(self.slots) < MAX_SLOTS:
+            if stale:  # the state's layout changed: replace a buffer set of the old layout
+                self.slots.remove(stale[0])
+            slot = Slot(StagingBuffers(items, sources))
+            self.slots.append(slot)
+            return slot, None
+        if may_withdraw:
+            staged = [s for s in self.slots if s.state is SlotState.STAGED and s.buffers.matches(items)]
+            if staged:
+                oldest = min(staged, key=lambda s: s.step)
+                return oldest, oldest
+        return None, None
+
+    def drop_unvoted(self) -> int:
+        """Frees every snapshot not yet voted on (a new session begins); returns how many."""
+        dropped = 0
+        for slot in self.in_state(SlotState.STAGED):
+            slot.release()
+            dropped += 1
+        return dropped
+
+
+class RankSaveStats:
+    """Counters and recent timings of one rank's saves."""
+
+    def __init__(self) -> None:
+        self.counts = collections.Counter()
+        self.blocking_s: collections.deque[float] = collections.deque(maxlen=10_000)
+        self.guard_wait_s: collections.deque[float] = collections.deque(maxlen=10_000)
+        self.durable_latency_s: collections.deque[float] = collections.deque(maxlen=10_000)
+        self.last_error: str | None = None
+        self.last_durable_step: int | None = None
+        self.phases: dict[str, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=10_000))
+
+    def phase(self, name: str, since: float) -> None:
+        """Records how long a part of a save took (from `since` until now)."""
+        self.phases[name].append(time.perf_counter() - since)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dict(self.counts), "blocking_s": list(self.blocking_s),
+                "guard_wait_s": list(self.guard_wait_s),
+                "phases_s": {k: list(v) for k, v in self.phases.items()},
+                "durable_latency_s": list(self.durable_latency_s),
+                "last_error": self.last_error, "last_durable_step": self.last_durable_step}

@@ -1,0 +1,160 @@
+"""The rank's state as DCP items, and reusable host buffers that snapshot it.
+
+Called on the training thread. Building the state dict and flattening it costs a few ms; the DCP
+plan (which item lives where) is rebuilt only when the state's structure changes. The snapshot is
+a copy of the rank's own shards (DTensor local tensors) into buffers allocated once: pinned
+host memory filled by non-blocking device-to-host copies on a side stream on GPU, a plain memcpy
+on CPU. When the copy runs and what may change the live tensors meanwhile: see `copier.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.planner import WriteItem
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.tensor import DTensor
+
+from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item, item_nbytes
+
+MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
+
+
+def state_dict_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """The (sharded) state dict saved and loaded: {"model": ..., "optimizer": ...}."""
+    state = {MODEL_KEY: get_model_state_dict(model)}
+    if optimizer is not None:
+        state[OPTIMIZER_KEY] = get_optimizer_state_dict(model, optimizer)
+    return state
+
+
+def _signature_of(value: Any) -> tuple:
+    if isinstance(value, DTensor):
+        return ("D", tuple(value.shape), value.dtype, str(value.placements),
+                tuple(value.device_mesh.get_coordinate() or ()), value.device.type)
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), value.dtype, value.device.type)
+    return ("B",)
+
+
+@dataclasses.dataclass
+class CapturedState:
+    """The flattened state of one save; `items` is filled from the plan cache or rebuilt."""
+
+    planner: DefaultSavePlanner
+    signature: tuple
+
+    def build_items(self) -> tuple[list[WriteItem], dict]:
+        plan = self.planner.create_local_plan()
+        return list(plan.items), dict(plan.planner_data or {})
+
+    def sources(self, items: list[WriteItem], blob_cache: dict[str, tuple[Any, bytes]] | None = None,
+                ) -> tuple[list[torch.Tensor], list[bytes]]:
+        """The live local tensors of the tensor items, and the serialized byte items (reused
+        from `blob_cache` while a value is unchanged: torch.save of each costs ~0.2 ms)."""
+        tensors, blobs = [], []
+        cache = {} if blob_cache is None else blob_cache
+        for item in items:
+            if is_tensor_item(item):
+                tensors.append(self.planner.resolve_data(item).detach())
+            else:
+                blobs.append(serialize_item(item.index.fqn, self.planner.lookup_object(item.index), cache))
+        return tensors, blobs
+
+
+def serialize_item(fqn: str, value: Any, cache: dict[str, tuple[Any, bytes]]) -> bytes:
+    """`torch.save` bytes of a byte item's value, reused while the value stays equal."""
+    cached = cache.get(fqn)
+    if cached is None or type(cached[0]) is not type(value) or not _same(cached[0], value):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        cached = cache[fqn] = (copy.deepcopy(value), buffer.getvalue())
+    return cached[1]
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a plain equality are re-serialized
+        return False
+
+
+def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> CapturedState:
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state_dict_of(model, optimizer), is_coordinator=False)
+    flat = planner.state_dict
+    signature = tuple((fqn, _signature_of(flat[fqn])) for fqn in sorted(flat))
+    return CapturedState(planner, signature)
+
+
+class StagingBuffers:
+    """One set of host buffers, one per tensor item, reused across saves: views into a single
+    flat allocation (64-byte aligned items), handed to the writer as one array (`payload`)."""
+
+    ALIGN = 64
+
+    def __init__(self, items: list[WriteItem], sources: list[torch.Tensor]) -> None:
+        tensor_items = [i for i in items if is_tensor_item(i)]
+        self.key = tuple((tuple(i.tensor_data.chunk.sizes), i.tensor_data.properties.dtype)
+                         for i in tensor_items)
+        self._items = items
+        self.spans: list[tuple[int, int]] = []
+        at = 0
+        for item in tensor_items:
+            n = item_nbytes(item)
+            self.spans.append((at, n))
+            at += -(-n // self.ALIGN) * self.ALIGN
+        self.flat = torch.empty(at, dtype=torch.uint8, pin_memory=any(src.is_cuda for src in sources))
+        self.buffers = [self._view(item, offset, n) for item, (offset, n) in zip(tensor_items, self.spans,
+                                                                                 strict=True)]
+        self.data: np.ndarray = self.flat.numpy()
+        self.nbytes = sum(n for _, n in self.spans)
+
+    def _view(self, item: WriteItem, offset: int, n: int) -> torch.Tensor:
+        shape, dtype = tuple(item.tensor_data.chunk.sizes), item.tensor_data.properties.dtype
+        if not n:
+            return torch.empty(shape, dtype=dtype)
+        return self.flat[offset:offset + n].view(dtype).view(shape)
+
+    def payload(self, blobs: list[bytes], extra: bytes) -> ShardPayload:
+        """The snapshot as one flat array (and the byte items and extra state) for the writer."""
+        return ShardPayload(self.data, self.spans, blobs, extra)
+
+    def matches(self, items: list[WriteItem]) -> bool:
+        if items is self._items:  # the cached plan of the same state: same layout
+            return True
+        key = tuple((tuple(i.tensor_data.chunk.sizes), i.tensor_data.properties.dtype)
+                    for i in items if is_tensor_item(i))
+        return key == self.key
+
+    def copy_now(self, sources: list[torch.Tensor], which: list[int]) -> None:
+        """Copies `sources[i]` into buffer i for each i in `which`, returning when done.
+
+        One `_foreach_copy_` call: the GIL is released once for all the tensors, not re-taken
+        between them (on a background thread, per-tensor copies queue behind the training
+        thread's Python for the GIL, tensor after tensor)."""
+        if not which:
+            return
+        targets, origins = [self.buffers[i] for i in which], [sources[i] for i in which]
+        try:
+            torch._foreach_copy_(targets, origins)
+        except (RuntimeError, TypeError):  # mixed devices or an op this build lacks
+            for target, origin in zip(targets, origins, strict=True):
+                target.copy_(origin)
+
+    def copy_on_stream(self, sources: list[torch.Tensor], which: list[int], stream: Any) -> Any:
+        """GPU: queues the device-to-host copies on `stream` (after the work already queued on
+        the current stream) and returns the CUDA event that marks their end."""
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in which:
+                self.buffers[i].copy_(sources[i], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return event

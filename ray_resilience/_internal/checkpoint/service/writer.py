@@ -1,0 +1,303 @@
+"""`CheckpointWriter`: the node-local writer actor.
+
+Created by the commit coordinator, one or more per node hosting ranks (node affinity,
+`num_cpus=0`, threaded). A rank calls `receive` with its snapshot object; the writer copies it
+into an object it owns (a Ray object dies with the process that created it, and the rank may
+die first), persists it to storage in a thread, reports durability to the coordinator and
+answers the rank's `wait`. After the coordinator commits a step, the writer keeps that shard as
+the memory tier (within its budget) until a newer step commits, and, with
+`CheckpointConfig.memory_replicas`, hands it to the other writers the coordinator chose, which
+keep their own copies as replicas (`hold_replica`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+from ray_resilience._internal.priority import lower_process
+from ray_resilience._internal.checkpoint.format import commit, layout
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.errors import CheckpointStorageError
+from ray_resilience._internal.checkpoint.format.local_roots import RootLock, node_root
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
+from ray_resilience._internal.checkpoint.wire import NEED_PLAN, MemoryEntry, SaveTicket, ShardOutcome, ShardReport
+from ray_resilience._internal.checkpoint.service.warm_import import WarmImport, dumps
+
+logger = logging.getLogger(__name__)
+Key = tuple[str, int, int]  # (session, step, rank)
+MAX_PLANS = 256
+"""Save plans a writer keeps (a plan changes only when a rank's state changes structure)."""
+REPLICA_GET_TIMEOUT_S = 300.0
+"""How long a replica waits for the primary's copy of the shard (a cross-node transfer)."""
+
+
+@dataclasses.dataclass
+class _Shard:
+    ticket: SaveTicket
+    boxed: list[Any]
+    nbytes: int
+    durable: bool = False
+
+
+class CheckpointWriter:
+    """Persists shards handed over by the ranks of its node. Plain class; the coordinator wraps
+    it with `ray.remote`. May assume each rank has at most one shard in flight at a time."""
+
+    def __init__(self, *, writer_id: str, storage: CheckpointStorage, config: CheckpointConfig,
+                 coordinator: Any, memory_budget_bytes: int | None, local_root: str | None = None) -> None:
+        self.writer_id, self.storage, self.config = writer_id, storage, config
+        self._coordinator, self._budget = coordinator, memory_budget_bytes
+        self._cond = threading.Condition()
+        self._shards: dict[Key, _Shard] = {}
+        self._outcomes: dict[Key, ShardOutcome] = {}
+        self._memory: dict[int, MemoryEntry] = {}
+        self._plans: dict[tuple[int, str], tuple[list, dict]] = {}
+        """(rank, plan id) -> (items, planner data) of the plans ranks sent, newest last."""
+        self._replicas: dict[int, MemoryEntry] = {}
+        """Other writers' ranks' shards of the newest commit, held as replicas."""
+        self._commit_seq = 0
+        """The newest commit this writer heard of (the coordinator numbers them): the calls of a
+        threaded actor may run out of order, and an older commit must never drop a newer one."""
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
+        self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0,
+                        "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0}
+        self._last_error: str | None = None
+        self._local = RootLock(node_root(local_root)) if local_root is not None else None
+        """Holds the run's local-tier folder on this node (removed when the run ends)."""
+        # With no periodic saves (local tier only) nothing may ever arrive: no import up front.
+        self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io", "ray_resilience._internal.checkpoint.format.dcp_metadata")
+                      if config.interval_steps else WarmImport())
+        # Every other thread (and those started later, e.g. the pool's) at the configured level;
+        # the one-time import keeps Ray's: at idle priority on a busy node it delayed a run's
+        # first commits by seconds.
+        self.priority = lower_process(config.writer_priority_now, keep=(self._warm.thread_id,))
+
+    def ping(self) -> dict[str, Any]:
+        return {"writer_id": self.writer_id, "pid": os.getpid(), "priority": self.priority,
+                "node_id": ray.get_runtime_context().get_node_id()}
+
+    def remove_local_root(self) -> None:
+        """The run ended: removes the local-tier snapshots of this node's ranks."""
+        if self._local is not None:
+            self._local.remove()
+
+    def ready(self) -> bool:
+        """Returns once the background import of DCP is done (the first write needs it)."""
+        self._warm.wait()
+        return True
+
+    def receive(self, message: bytes, boxed: list[Any]) -> str | None:
+        """Takes a rank's snapshot (its `SaveTicket` pickled: it holds DCP types, see
+        `warm_import`): copies it into a writer-owned object, queues the write. A ticket may
+        leave out the plan (items, planner data) this writer got with an earlier one; returns
+        `NEED_PLAN`, taking nothing, when it does not hold that plan."""
+        ticket: SaveTicket = self._warm.loads(message)
+        plan_key = (ticket.rank, ticket.plan_id)
+        with self._cond:
+            if ticket.items is not None:
+                self._plans.pop(plan_key, None)  # re-inserted last: the newest plans stay
+                self._plans[plan_key] = (ticket.items, ticket.planner_data)
+                while len(self._plans) > MAX_PLANS:
+                    del self._plans[next(iter(self._plans))]
+            elif plan_key in self._plans:
+                ticket.items, ticket.planner_data = self._plans[plan_key]
+            else:
+                return NEED_PLAN
+        payload = ray.get(boxed[0])
+        own = ray.put(payload)
+        nbytes = payload.nbytes
+        del payload, boxed
+        with self._cond:
+            for key in [k for k in self._shards if k[2] == ticket.rank and not self._shards[k].durable]:
+                del self._shards[key]  # an older unfinished try of this rank: superseded
+            for key in [k for k in self._outcomes if k[2] == ticket.rank]:
+                del self._outcomes[key]
+            self._shards[ticket.key] = _Shard(ticket, [own], nbytes)
+            self._counts["received"] += 1
+        self._pool.submit(self._persist, ticket.key)
+        return None
+
+    def _persist(self, key: Key) -> None:
+        with self._cond:
+            shard = self._shards.get(key)
+        if shard is None:
+            return
+        ticket, start = shard.ticket, time.time()
+        from ray_resilience._internal.checkpoint.format.shard_io import write_shard  # noqa: PLC0415 - imported by self._warm
+
+        try:
+            payload = ray.get(shard.boxed[0])
+            files, written, infos = self._retrying(
+                lambda: write_shard(self.storage, ticket, payload),
+                f"writing rank {ticket.rank}'s shard of step {ticket.step}")
+        except Exception as exc:  # noqa: BLE001 - any failure loses this shard only
+            self._fail(key, ticket, exc, time.time() - start)
+            return
+        with self._cond:
+            shard.durable = True
+            if not self.config.memory_tier:
+                shard.boxed.clear()
+        report = ShardReport(
+            session=ticket.session, step=ticket.step, rank=ticket.rank, world_size=ticket.world_size,
+            writer_id=self.writer_id, files=files, written_items=written, storage_infos=infos,
+            planner_data=ticket.planner_data, staged_at=ticket.staged_at, durable_at=time.time(),
+            nbytes=shard.nbytes)
+        self._coordinator.shard_durable.remote(
+            ticket.session, ticket.step, ticket.rank, ticket.world_size,
+            (self.writer_id, ticket.staged_at, dumps(report)))
+        self._finish(key, ShardOutcome(ticket.session, ticket.step, True, write_s=time.time() - start))
+
+    def commit_step(self, session: str, step: int, reports: dict[int, bytes]) -> None:
+        """Commits `step` for the coordinator: builds DCP's `.metadata` from every rank's
+        `ShardReport` (pickled: they hold DCP types, which this process has imported and the
+        coordinator does not), then writes it and the commit manifest (`commit.commit_step`),
+        retried like shard writes. Raises when the step could not be committed."""
+        from ray_resilience._internal.checkpoint.format.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
+
+        ordered: list[ShardReport] = [self._warm.loads(reports[r]) for r in sorted(reports)]
+        step_dir = layout.StepDir(step, session)
+        metadata = dumps_metadata(build_metadata(
+            [(r.written_items, r.storage_infos) for r in ordered],
+            planner_data=ordered[0].planner_data, checkpoint_id=self.storage.display(step_dir.name),
+            save_id=step_dir.name))
+        files = {name: digest for r in ordered for name, digest in r.files.items()}
+        self._retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
+                                                  metadata=metadata, files=files),
+                       f"committing step {step}")
+
+    def _retrying(self, fn: Any, what: str) -> Any:
+        """`fn()` retried on storage errors as configured; every retry counted in `stats`."""
+        return retrying(fn, what=what, num_retries=self.config.num_storage_retries,
+                        backoff_s=self.config.storage_retry_backoff_s,
+                        max_backoff_s=self.config.storage_retry_max_backoff_s, on_retry=self._on_retry)
+
+    def _on_retry(self, err: CheckpointStorageError, delay_s: float) -> None:
+        self._counts["retries"] += 1
+        self._last_error = str(err)
+
+    def _fail(self, key: Key, ticket: SaveTicket, exc: BaseException, write_s: float) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        logger.warning("writer %s: rank %d's shard of checkpoint step %d was not written: %s",
+                       self.writer_id, ticket.rank, ticket.step, message)
+        self._last_error = message
+        with self._cond:
+            self._shards.pop(key, None)
+        self._coordinator.shard_failed.remote(ticket.session, ticket.step, ticket.rank, message)
+        self._finish(key, ShardOutcome(ticket.session, ticket.step, False, message, write_s))
+
+    def _finish(self, key: Key, outcome: ShardOutcome) -> None:
+        with self._cond:
+            self._counts["durable" if outcome.ok else "failed"] += 1
+            self._outcomes[key] = outcome
+            self._cond.notify_all()
+
+    def wait(self, key: Key, timeout_s: float) -> ShardOutcome | None:
+        """The outcome of a shard once it is durable or given up; None if still writing."""
+        key = tuple(key)
+        with self._cond:
+            self._cond.wait_for(lambda: key in self._outcomes, timeout=timeout_s)
+            return self._outcomes.pop(key, None)
+
+    def on_commit(self, session: str, step: int, seq: int = 0,
+                  replica_holders: dict[int, list[Any]] | None = None) -> None:
+        """The coordinator committed (session, step), its `seq`-th commit: its shards become the
+        memory tier, older shards, memory entries and replicas are dropped; each promoted shard
+        goes to the writers `replica_holders` names for its rank."""
+        promoted: list[tuple[int, MemoryEntry]] = []
+        with self._cond:
+            if seq < self._commit_seq:
+                return  # a newer commit was applied first
+            self._commit_seq = seq
+            for held in (self._memory, self._replicas):  # first, so the budget counts only what stays
+                for rank, entry in list(held.items()):
+                    if (entry.session, entry.step) != (session, step):
+                        del held[rank]
+            for key, shard in list(self._shards.items()):
+                if (key[0], key[1]) == (session, step) and shard.durable:
+                    del self._shards[key]
+                    entry = self._promote(shard)
+                    if entry is not None:
+                        promoted.append((shard.ticket.rank, entry))
+                elif shard.durable and (key[0] != session or key[1] < step):
+                    del self._shards[key]
+        for rank, entry in promoted:
+            for holder in (replica_holders or {}).get(rank, ()):
+                holder.hold_replica.remote(rank, session, step, seq, dumps(entry.items), entry.boxed)
+                self._counts["replicas_sent"] += 1
+
+    def _promote(self, shard: _Shard) -> MemoryEntry | None:
+        if not self.config.memory_tier or not shard.boxed:
+            return None
+        rank = shard.ticket.rank
+        if not self._fits(rank, shard.nbytes, self._memory):
+            logger.info("writer %s: rank %d's step %d (%d bytes) exceeds the memory tier budget "
+                        "(%d bytes); it loads from storage", self.writer_id, rank,
+                        shard.ticket.step, shard.nbytes, self._budget)
+            return None
+        entry = self._memory[rank] = MemoryEntry(shard.ticket.session, shard.ticket.step,
+                                                 shard.ticket.items, shard.boxed, shard.nbytes)
+        return entry
+
+    def _fits(self, rank: int, nbytes: int, into: dict[int, MemoryEntry]) -> bool:
+        """Whether `nbytes` more (replacing `rank`'s entry in `into`) stay within the budget."""
+        if self._budget is None:
+            return True
+        used = sum(e.nbytes for held in (self._memory, self._replicas)
+                   for r, e in held.items() if not (held is into and r == rank))
+        return used + nbytes <= self._budget
+
+    def hold_replica(self, rank: int, session: str, step: int, seq: int, items: bytes,
+                     boxed: list[Any]) -> bool:
+        """Keeps a copy of `rank`'s shard of committed (session, step) that another writer holds
+        in `boxed[0]`: copied into an object this writer owns (it must outlive the sender), then
+        answered from `memory_entry`. False when a newer commit came first, the budget is full
+        or the sender is gone."""
+        try:
+            entry_items = self._warm.loads(items)
+            payload = ray.get(boxed[0], timeout=REPLICA_GET_TIMEOUT_S)
+            own = ray.put(payload)
+            nbytes = payload.nbytes
+            del payload, boxed
+        except Exception as exc:  # noqa: BLE001 - storage remains the fallback
+            logger.warning("writer %s: no replica of rank %d's step %d (%s: %s)", self.writer_id,
+                           rank, step, type(exc).__name__, exc)
+            self._counts["replicas_refused"] += 1
+            return False
+        with self._cond:
+            if seq < self._commit_seq or not self._fits(rank, nbytes, self._replicas):
+                self._counts["replicas_refused"] += 1
+                return False
+            self._commit_seq = seq  # this commit's broadcast may not have run here yet
+            self._replicas[rank] = MemoryEntry(session, step, entry_items, [own], nbytes)
+            self._counts["replicas_held"] += 1
+        return True
+
+    def memory_entry(self, rank: int, session: str, step: int) -> MemoryEntry | None:
+        """Rank `rank`'s shard of committed (session, step) if held in memory (its own or a
+        replica)."""
+        with self._cond:
+            for held in (self._memory, self._replicas):
+                entry = held.get(rank)
+                if entry is not None and (entry.session, entry.step) == (session, step):
+                    return entry
+            return None
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "writer_id": self.writer_id, **self._counts, "last_error": self._last_error,
+                "memory_tier_bytes": sum(e.nbytes for e in self._memory.values()),
+                "replica_bytes": sum(e.nbytes for e in self._replicas.values()),
+                "in_flight_bytes": sum(s.nbytes for s in self._shards.values() if s.boxed),
+                "memory_tier_steps": {r: e.step for r, e in self._memory.items()},
+                "replica_steps": {r: e.step for r, e in self._replicas.items()},
+                "in_flight": sorted([list(k) for k in self._shards]),
+            }

@@ -1,0 +1,53 @@
+"""The rank actor's class as the supervisor sees it: creating it imports nothing heavy.
+
+`WorkerGroup` turns `WorkerActor` into a Ray actor. The supervisor only creates and calls rank
+actors, so it never needs torch, FSDP or the user's training code (importing them cost it 3-5 s
+here before every run could start). The actor process builds the real `Worker` in `__init__`,
+on its creation thread, before any other call runs, and every method hands over to it. The
+train function arrives as cloudpickle bytes for the same reason: only the ranks unpickle it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorkerActor:
+    """One rank's actor (see `Worker` for what each call does)."""
+
+    def __init__(self, train_fn: bytes, train_config: dict[str, Any] | None, supervisor: Any) -> None:
+        from ray_resilience._internal.rank import preimport
+
+        # A process booted ahead of time may still be importing in the background: this thread
+        # imports nothing until it has finished (never two threads in the same imports).
+        self._preimport_wait_s = preimport.claim()
+        from ray import cloudpickle
+
+        from ray_resilience._internal.rank.worker import Worker
+
+        self._worker = Worker(cloudpickle.loads(train_fn), train_config, supervisor)
+
+    def info(self) -> dict[str, Any]:
+        from ray_resilience._internal.rank import preimport
+
+        info = self._worker.info()
+        info["preimport"] = dict(preimport.stats, waited_s=self._preimport_wait_s)
+        return info
+
+    def prewarm(self) -> None:
+        self._worker.prewarm()
+
+    def health(self) -> str | None:
+        return self._worker.health()
+
+    def free_port(self) -> int:
+        return self._worker.free_port()
+
+    def interrupt(self, attempt: int) -> bool:
+        return self._worker.interrupt(attempt)
+
+    def run_attempt(self, spec: Any) -> Any:
+        return self._worker.run_attempt(spec)
+
+    def shutdown(self) -> None:
+        self._worker.shutdown()

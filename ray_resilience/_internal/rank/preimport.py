@@ -1,0 +1,209 @@
+"""Rank processes that import torch before they are needed, at idle CPU priority.
+
+A rank respawned without a warm spare gets a new actor in a new Python process, which must
+import torch, DTensor, DCP and FSDP2's dynamo hooks before it can join (2.5-3 s of the 4 s a
+SIGKILL cost here). `prestart.py` already has the raylet boot an idle worker process on the
+rank's node ahead of time; this module makes that process do the imports too, so the
+respawned rank's actor starts in a process that already has them.
+
+How: every rank actor is created with a runtime env whose `env_vars` carry Ray's worker setup
+hook variable pointing at `setup` below (Ray's `worker_process_setup_hook` mechanism, which Ray
+itself only exposes job-wide), and the prestarted workers are asked for with that same runtime
+env, so only rank actors and warm spares ever take them. The raylet runs `setup` in each such
+process as it boots, before the process serves any task. `setup` starts one background thread
+that imports the modules at Linux's SCHED_IDLE priority: it only uses CPU that nothing else on
+the node wants, so on a busy node it costs training nothing (a 2-core node running two ranks
+took 3.3 CPU-seconds of imports per process). The actor's `__init__` waits for that thread
+(`claim`) before it imports anything, so two threads never import the same
+modules at once; at a respawn the node's other ranks wait in the rendezvous and the idle
+thread gets the CPU it needs. numpy and pyarrow start their own helper threads (OpenBLAS,
+jemalloc) when imported: they are imported on the calling thread first, so those threads keep
+normal priority.
+
+The background import runs only once the supervisor has switched it on for the run (a key in
+Ray's internal KV, named by `PREIMPORT_KEY_ENV`), which it does right before it first asks for
+prestarted workers, after the run's first step: the ranks' first processes start while the
+writers import torch on the same node, and an idle-priority import there would only start
+after theirs. Warm spares do not carry the hook: they must be ready early and import at normal
+priority as before.
+
+A prestarted process no rank took exits once its run has ended (the supervisor switches the
+key off at shutdown), so a driver that runs many fits does not collect idle processes.
+
+A job-level setup hook of the user's (`ray.init(runtime_env={"worker_process_setup_hook": ...})`)
+would be overridden by ours in the rank actors' env; the supervisor passes it on in
+`USER_HOOK_ENV` and `setup` runs it first, as Ray would have.
+
+Nothing here may fail a worker: an error in our part is logged and the process carries on
+(the actor then imports what it needs itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+try:
+    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR as HOOK_ENV
+except ImportError:  # pragma: no cover - the name Ray 2.60 uses
+    HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+
+HOOK = f"{__name__}.setup"
+"""What `HOOK_ENV` names in the rank actors' env."""
+USER_HOOK_ENV = "RAY_RESILIENCE_USER_SETUP_HOOK"
+"""The job's own setup hook, run by `setup` before ours."""
+PREIMPORT_KEY_ENV = "RAY_RESILIENCE_PREIMPORT_KEY"
+"""The internal-KV key that switches the background import on for a run's rank processes."""
+KV_NAMESPACE = "ray_resilience"
+
+PREIMPORT_MODULES = (
+    "torch",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint",
+    "torch._dynamo",  # FSDP2's first fully_shard imports it (0.5-0.6 s here)
+    "ray_resilience._internal.rank.worker",
+    "ray_resilience._internal.checkpoint.rank.loader",
+)
+"""What a rank needs before its first step, in import order."""
+
+_NORMAL_PRIORITY_MODULES = ("numpy", "pyarrow")
+"""Imported on the calling thread: they start helper threads, which inherit the importing
+thread's scheduling policy."""
+
+WATCH_INTERVAL_S = 5.0
+"""How often an unclaimed prestarted process checks whether its run has ended."""
+
+_thread: threading.Thread | None = None
+_claimed = threading.Event()
+stats: dict[str, Any] = {}
+"""What the preimport did in this process: `started`, `ended` (wall clock), `seconds`,
+`policy` ("idle", "nice" or "normal"), `error` (a message, when something failed)."""
+
+
+def rank_env_vars(user_env: dict[str, str] | None, key: str) -> dict[str, str]:
+    """The env vars of every rank actor: the user's, the setup hook, the run's switch `key`,
+    and the job's own hook (read from this process's env, which Ray built from the job's
+    runtime env) to chain."""
+    env = dict(user_env or {})
+    env[HOOK_ENV] = HOOK
+    env[PREIMPORT_KEY_ENV] = key
+    job_hook = os.environ.get(HOOK_ENV)
+    if job_hook and job_hook != HOOK:
+        env[USER_HOOK_ENV] = job_hook
+    return env
+
+
+def setup() -> None:
+    """Ray's worker setup hook for rank processes (see the module docstring)."""
+    user_hook = os.environ.get(USER_HOOK_ENV)
+    if user_hook:  # the user's hook decides, as it would have without us: its error is fatal
+        from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
+
+        error = load_and_execute_setup_hook(user_hook)
+        if error is not None:
+            raise RuntimeError(error)
+    key = os.environ.get(PREIMPORT_KEY_ENV)
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        on = bool(key) and _internal_kv_get(key, namespace=KV_NAMESPACE) is not None
+    except Exception as exc:  # noqa: BLE001 - see the module docstring
+        log.warning("rank pre-import: could not read its switch (%s: %s)", type(exc).__name__, exc)
+        on = False
+    if not on:
+        return
+    try:  # an exception out of a setup hook ends the worker process: never one of ours
+        start_preimport()
+        threading.Thread(target=_exit_when_run_ends, args=(key,), name="rr-preimport-watch",
+                         daemon=True).start()
+    except Exception as exc:  # noqa: BLE001 - see the module docstring
+        log.warning("rank pre-import: could not start (%s: %s)", type(exc).__name__, exc)
+
+
+def _exit_when_run_ends(key: str) -> None:
+    """A prestarted process no rank took by the end of its run would sit idle with torch's
+    memory until Ray's keep-alive (a day) ran out, once per run in a driver that calls fit()
+    many times: once the supervisor has switched the run's key off, it exits."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    while not _claimed.wait(WATCH_INTERVAL_S):
+        try:
+            ended = _internal_kv_get(key, namespace=KV_NAMESPACE) is None
+        except Exception:  # noqa: BLE001 - GCS unreachable for now: ask again later
+            continue
+        if ended and not _claimed.is_set():
+            log.info("rank pre-import: run %s ended with this process unused; exiting", key)
+            os._exit(0)
+
+
+def switch(key: str, on: bool) -> bool:
+    """Turns the background import of the run `key` on or off (in the processes that boot from
+    now on); False when the KV could not be reached (logged)."""
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+
+    try:
+        if on:
+            _internal_kv_put(key, b"1", overwrite=True, namespace=KV_NAMESPACE)
+        else:
+            _internal_kv_del(key, namespace=KV_NAMESPACE)
+        return True
+    except Exception as exc:  # noqa: BLE001 - an optimization
+        log.warning("rank pre-import: could not switch it %s (%s: %s)", "on" if on else "off",
+                    type(exc).__name__, exc)
+        return False
+
+
+def start_preimport(modules: tuple[str, ...] = PREIMPORT_MODULES) -> None:
+    """Starts the background import (once per process)."""
+    global _thread
+    if _thread is not None:
+        return
+    for name in _NORMAL_PRIORITY_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    _thread = threading.Thread(target=_preimport, args=(modules,), name="rr-preimport", daemon=True)
+    _thread.start()
+
+
+def claim() -> float:
+    """Called by a rank actor as it starts in this process: the process is no longer idle (its
+    run-end watcher stops), and this blocks until the background import (if one was started)
+    has ended; returns the seconds waited."""
+    _claimed.set()
+    thread = _thread
+    if thread is None or not thread.is_alive():
+        return 0.0
+    t0 = time.monotonic()
+    thread.join()
+    return time.monotonic() - t0
+
+
+def _preimport(modules: tuple[str, ...]) -> None:
+    stats["started"] = time.time()
+    t0 = time.thread_time()
+    try:
+        from ray_resilience._internal.priority import lower_thread
+
+        stats["policy"] = lower_thread("background")
+        import importlib
+
+        for name in modules:
+            importlib.import_module(name)
+        from ray_resilience._internal.process_groups.teardown import freeze_startup_objects
+
+        freeze_startup_objects(collect=False)  # as the actor's prewarm would, right after imports
+    except BaseException as exc:  # noqa: BLE001 - see the module docstring
+        stats["error"] = f"{type(exc).__name__}: {exc}"
+        log.warning("rank pre-import stopped (%s); the actor imports what it needs itself",
+                    stats["error"])
+    finally:
+        stats["seconds"] = time.thread_time() - t0
+        stats["ended"] = time.time()

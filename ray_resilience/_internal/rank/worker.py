@@ -1,0 +1,378 @@
+"""The worker actor: hosts one rank, runs the user's train function in its own thread.
+
+A plain class, wrapped with `ray.remote` where it is created, so tests can drive it without
+Ray. The actor is threaded: `run_attempt` blocks until the training thread ends while status
+and control calls (`interrupt`, `info`) are still served. The process, its imports and (on GPU)
+its CUDA context survive from one attempt to the next; only torch.distributed is rebuilt.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from ray import cloudpickle
+
+# Imported here, while the actor is created on one thread: Ray deserializes call arguments
+# (which hold checkpoint specs) on other threads, and two threads entering these modules'
+# import at once can see them half-initialized.
+import ray_resilience._internal.checkpoint.rank.rank_checkpointer  # noqa: F401
+import ray_resilience._internal.checkpoint.service.service  # noqa: F401
+
+from ray_resilience.context import TrainContext, _Session, _set_session
+from ray_resilience._internal.process_groups.abort import CollectiveAborter
+from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec
+from ray_resilience._internal.rank.errors_capture import describe
+from ray_resilience.testing.fire import fire
+from ray_resilience._internal.rank.interrupt import TrainingInterrupted, async_raise, cancel_async_raise
+from ray_resilience._internal.process_groups.teardown import freeze_startup_objects, teardown_process_groups
+from ray_resilience._internal.rank.progress import ProgressForwarder
+
+
+FINAL_SAVE_TIMEOUT_S = 600.0
+"""How long a rank whose train function returned waits for its last save to be durable."""
+
+
+STORE_PROBE_INTERVAL_S = 0.005
+
+
+def _wait_listening(host: str, port: int, timeout_s: float) -> None:
+    """Returns once rank 0's store accepts connections (or at the timeout; the store then
+    reports the failure). A TCPStore client that finds no server yet backs off for 0.3-0.7 s
+    (measured here, torch 2.13): without this, every restart in which a peer reached the
+    rendezvous before rank 0 paid that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(STORE_PROBE_INTERVAL_S)
+
+
+def _serialized_runtime_env() -> str | None:
+    """This actor's runtime env as the raylet keys its worker processes by (None if Ray's
+    internals moved: prestarted workers are then not asked for)."""
+    try:
+        import ray
+
+        return ray._private.worker.global_worker.core_worker.get_current_runtime_env()
+    except Exception:  # noqa: BLE001 - an optimization's input
+        return None
+
+
+class Worker:
+    """One rank. Created once per rank (and again only when the rank is respawned)."""
+
+    def __init__(self, train_fn: Callable[..., Any], train_config: dict[str, Any] | None,
+                 supervisor: Any) -> None:
+        self._train_fn, self._train_config = train_fn, train_config
+        self._supervisor = supervisor
+        self._thread: threading.Thread | None = None
+        self._attempt: int | None = None
+        self._interrupted = threading.Event()
+        self._interrupt_lock = threading.Lock()
+        self._interruptible = False
+        self._release_thread: threading.Thread | None = None
+        self._frozen = False
+        self._in_rendezvous = False
+        self._uses_gpu = False
+        self._setup_lock = threading.Lock()
+        """Held by prewarm(); run_attempt() waits for it (never two imports racing)."""
+        self._aborter = CollectiveAborter()
+        self._fired: set[str] = set()
+        self._checkpointer: Any = None
+
+    # --- status and control calls (served while training runs) ------------------------------
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "runtime_env": _serialized_runtime_env()}
+
+    def prewarm(self) -> None:
+        """Imports what every attempt needs, runs one FSDP2 step and one checkpoint restore on
+        a toy model, and freezes start-up objects out of the collector.
+
+        Called on every new actor right after it starts (before its first attempt, which waits
+        for it): the first step and restore in a process import more modules lazily (e.g.
+        torch._dynamo), and an interrupt that lands inside a first-time import leaves a
+        half-initialized module behind for every later attempt of the process (seen here: an
+        init-phase fault's restart broke every later attempt). A warm spare taking over a dead
+        rank has all of it done (1.5-2 s on a busy 2-core machine). Safe to call more than once.
+        """
+        with self._setup_lock:
+            if self._frozen:
+                return
+            import torch.distributed.checkpoint  # noqa: F401
+            import torch.distributed.fsdp  # noqa: F401
+            import torch.distributed.tensor  # noqa: F401
+
+            import ray_resilience._internal.checkpoint.rank.rank_checkpointer  # noqa: F401
+
+            # The import-time objects (~300k) are frozen before the warm-up without a full
+            # collection first, so no pass walks them on a new rank's way to its first attempt
+            # (two full passes before, 0.3-0.4 s here); the warm-up's teardown collects what it
+            # made, and what its lazy imports left alive is frozen after it.
+            freeze_startup_objects(collect=False)
+            _warm_fsdp(self.free_port())
+            freeze_startup_objects(collect=False)
+            self._frozen = True
+
+    def health(self) -> str | None:
+        """None when this rank may keep its process for the next attempt, else the reason."""
+        if self._uses_gpu:
+            from ray_resilience._internal.rank.health import cuda_health
+
+            return cuda_health(0)
+        return None
+
+    def free_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def interrupt(self, attempt: int) -> bool:
+        """Stops `attempt` now: aborts its collectives and raises into the training thread.
+
+        Returns False when that attempt is not running here (already over, or a newer one).
+        A thread blocked in native code only unwinds when the call returns: the supervisor's
+        hard timeout covers that case.
+        """
+        thread = self._thread
+        with self._interrupt_lock:
+            if self._attempt != attempt or thread is None or not self._interruptible:
+                return False
+            self._interrupted.set()
+            async_raise(thread.ident, TrainingInterrupted)  # pending until the C call returns
+        # ... which this makes happen now for collectives; a rank still in the rendezvous waits on
+        # the store, which is safe to cut too (every attempt gets a fresh store on a new port).
+        self._aborter.abort(include_store=self._in_rendezvous)
+        return True
+
+    # --- one attempt ------------------------------------------------------------------------
+
+    def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
+        """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
+        t0 = time.time()
+        session = _Session(self._context(spec), faults=self._fault_hook(spec))
+        forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
+                                      attempt=spec.attempt, interval_s=spec.progress_interval_s)
+        # Heartbeats start now: a rank still releasing the last attempt's groups or finishing its
+        # prewarm (seconds on a busy node) is alive, not silent (seen here: a 3 s heartbeat
+        # timeout declared a rank in its prewarm unresponsive at a run's start).
+        forwarder.start()
+        try:
+            self._wait_released()
+            with session.lock:  # the forwarder drains events meanwhile
+                session.events.append({"phase": "release_groups", "t_start": t0, "t_end": time.time()})
+            with self._setup_lock:
+                if not self._frozen:  # imports are done: keep them out of every later gc pass
+                    freeze_startup_objects()
+                    self._frozen = True
+            self._attempt = spec.attempt
+            self._uses_gpu = spec.use_gpu
+            self._in_rendezvous = False
+            self._interrupted.clear()
+            self._ensure_checkpointer(spec)
+        except BaseException:
+            forwarder.stop()
+            raise
+        session.checkpointer = self._checkpointer
+        box: dict[str, Any] = {}
+        self._thread = threading.Thread(
+            target=self._train_thread, args=(spec, session, box),
+            name=f"rr-train-r{spec.rank}-a{spec.attempt}", daemon=True)
+        self._thread.start()
+        self._thread.join()
+        metrics, step, step_time, saves, events = forwarder.stop()
+        if self._checkpointer is not None:  # no reference to this attempt's model survives it
+            self._checkpointer.end_attempt()
+        # Process groups are released in the background, overlapping with the supervisor's
+        # recovery; the next attempt (or shutdown) waits for it. A failed rank reports at once.
+        self._release_thread = threading.Thread(target=self._release_groups, daemon=True,
+                                                name=f"rr-release-a{spec.attempt}")
+        self._release_thread.start()
+        error = box.get("error")
+        status = "interrupted" if self._interrupted.is_set() else ("failed" if error else "finished")
+        return AttemptOutcome(
+            rank=spec.rank, attempt=spec.attempt, status=status, error=error,
+            failed_at=box.get("failed_at"), return_value=box.get("return"), metrics=metrics,
+            last_step=step, last_step_time=step_time, checkpoint_saves=saves,
+            events=events)
+
+    def _context(self, spec: AttemptSpec) -> TrainContext:
+        device = torch.device("cuda", 0) if spec.use_gpu else torch.device("cpu")
+        return TrainContext(
+            world_rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+            local_world_size=spec.local_world_size, node_rank=spec.node_rank,
+            attempt=spec.attempt, device=device, run_name=spec.run_name, run_dir=spec.run_dir)
+
+    def _train_thread(self, spec: AttemptSpec, session: _Session, box: dict[str, Any]) -> None:
+        with self._interrupt_lock:
+            self._interruptible = True
+        try:
+            try:
+                self._init_distributed(spec, session)
+                _set_session(session)
+                if session.faults is not None:
+                    session.faults("init", None)
+                returned = self._call_user_fn()
+                box["return"] = None if returned is None else cloudpickle.dumps(returned)
+                if self._checkpointer is not None:  # the run's last save must commit too
+                    self._checkpointer.wait_idle(FINAL_SAVE_TIMEOUT_S)
+            finally:
+                self._close_interrupt_window()
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
+            self._close_interrupt_window()
+            box["failed_at"] = time.time()
+            box["error"] = describe(exc, spec.rank, spec.attempt)
+        finally:
+            _set_session(None)
+
+    def _close_interrupt_window(self) -> None:
+        """No interrupt may land after the user's code is done (it would hit our clean-up)."""
+        with self._interrupt_lock:
+            self._interruptible = False
+            cancel_async_raise(threading.get_ident())
+
+    def _release_groups(self) -> None:
+        teardown_process_groups()
+        self._aborter.reset()
+
+    def _wait_released(self) -> None:
+        if self._release_thread is not None:
+            self._release_thread.join()
+            self._release_thread = None
+
+    def _call_user_fn(self) -> Any:
+        if inspect.signature(self._train_fn).parameters:
+            return self._train_fn(self._train_config if self._train_config is not None else {})
+        return self._train_fn()
+
+    def _init_distributed(self, spec: AttemptSpec, session: _Session) -> None:
+        os.environ.update({
+            "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size),
+            "LOCAL_RANK": str(spec.local_rank), "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "GROUP_RANK": str(spec.node_rank), "NODE_RANK": str(spec.node_rank),
+            "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port),
+        })
+        if spec.use_gpu:
+            torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPU
+        import datetime
+
+        t0 = time.time()
+        self._in_rendezvous = True
+        self._aborter.snapshot_before_init(store_port=spec.master_port)
+        if spec.rank != 0:
+            _wait_listening(spec.master_addr, spec.master_port, spec.rendezvous_timeout_s)
+        # Our own store, so the rendezvous has its own (short) timeout while collectives keep
+        # the long process-group backstop.
+        store = dist.TCPStore(
+            spec.master_addr, spec.master_port, spec.world_size, is_master=spec.rank == 0,
+            timeout=datetime.timedelta(seconds=spec.rendezvous_timeout_s),
+            wait_for_workers=False)
+        dist.init_process_group(
+            backend=spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
+            timeout=datetime.timedelta(seconds=spec.process_group_timeout_s))
+        self._aborter.mark_initialized()
+        self._in_rendezvous = False
+        with session.lock:
+            session.events.append({"phase": "init_process_group", "t_start": t0,
+                                   "t_end": time.time()})
+
+    def _fault_hook(self, spec: AttemptSpec) -> Callable[[str, int | None], None] | None:
+        """Fires this rank's injected faults where their phase and step say (each one once).
+
+        step / checkpoint_save / validation: at that step; init: at the start of the first
+        attempt launched once the run got to `fault.step - 1`; checkpoint_load: in the first
+        checkpoint load of an attempt launched after the run got past `fault.step` (a fault
+        during recovery).
+        """
+        faults = list(spec.faults)
+        if not faults:
+            return None
+
+        def due(fault: Any, phase: str, step: int | None) -> bool:
+            if fault.phase != phase or fault.id in self._fired:
+                return False
+            if phase == "init":
+                return fault.step <= spec.resume_hint + 1
+            if phase == "checkpoint_load":
+                return 0 < fault.step <= spec.resume_hint
+            return step is not None and fault.step == step
+
+        def fire_due(phase: str, step: int | None) -> None:
+            for fault in faults:
+                if due(fault, phase, step):
+                    self._fired.add(fault.id)
+                    self._record_fault(spec, fault, step if step is not None else spec.resume_hint)
+                    fire(fault)
+
+        return fire_due
+
+    def _record_fault(self, spec: AttemptSpec, fault: Any, step: int) -> None:
+        """Synchronously tells the supervisor before firing: a SIGKILL loses anything unsent."""
+        import ray
+
+        ray.get(self._supervisor.fault_fired.remote(
+            fault.id, {"rank": spec.rank, "attempt": spec.attempt, "t": time.time(),
+                       "step": step, "kind": fault.kind.value}), timeout=30)
+
+    def _ensure_checkpointer(self, spec: AttemptSpec) -> None:
+        """One checkpointer per process, rebuilt only when the writer or the rank changed."""
+        new = spec.checkpoint_spec
+        current = self._checkpointer
+        if new is None or (current is not None and current.spec.writer_id == new.writer_id
+                           and current.rank == spec.rank and current.world_size == spec.world_size):
+            return
+        if current is not None:
+            current.close()
+        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
+
+        self._checkpointer = RankCheckpointer(spec.checkpoint_spec, rank=spec.rank,
+                                              world_size=spec.world_size)
+
+    def shutdown(self) -> None:
+        """Releases what the rank holds; the actor is killed right after."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
+        self._wait_released()
+
+
+def _warm_fsdp(port: int) -> None:
+    """One FSDP2 step and one memory-tier restore on a private single-rank gloo group, then
+    everything released.
+
+    The first fully_shard, DTensor dispatch, optimizer step and checkpoint restore in a process
+    pay for lazy imports and caches; a spare pays them before it is needed. Touches no user
+    code, and runs only while no attempt runs in this process (it uses the default group).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    from ray_resilience._internal.checkpoint.rank.loader import warm_restore_path
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        fully_shard(model[0])
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.ones(2, 8)).sum().backward()
+        optimizer.step()
+        warm_restore_path(model, optimizer)
+        del model, optimizer
+    finally:
+        teardown_process_groups(count_meshes=False)

@@ -1,0 +1,81 @@
+"""The run folder on local/FSx paths or S3 through pyarrow.fs, and what a finished run leaves
+there: results.json, goodput.txt, timeline.png."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import tempfile
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from ray_resilience._internal.checkpoint.format.storage import resolve
+from ray_resilience.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def run_dir_uri(storage_path: str, name: str) -> str:
+    """The run folder as the user would write it (for messages and `Result.path`)."""
+    if "://" in storage_path:
+        base, _, query = storage_path.partition("?")
+        return base.rstrip("/") + "/" + name + (f"?{query}" if query else "")
+    return os.path.join(os.path.abspath(os.path.expanduser(storage_path)), name)
+
+
+def check_writable(fs: pafs.FileSystem, path: str, *, field: str, value: str) -> None:
+    """Creates the folder and writes/deletes a probe object; raises ConfigError naming the path."""
+    probe = posixpath.join(path, f".write-probe-{uuid.uuid4().hex}")
+    try:
+        fs.create_dir(path, recursive=True)
+        with fs.open_output_stream(probe) as out:
+            out.write(b"ok")
+        fs.delete_file(probe)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # any storage error: not writable
+        raise ConfigError(field, value, f"cannot write to {path!r} ({type(exc).__name__}: {exc}); "
+                          "give a writable directory or bucket, or fix its permissions.") from exc
+
+
+def write_json(fs: pafs.FileSystem, path: str, payload: Any) -> None:
+    """Writes JSON so readers see the old or the new file, never a torn one."""
+    data = json.dumps(payload, indent=2, sort_keys=True, default=str).encode()
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        fs.move(tmp, path)
+    else:  # one PUT is atomic on S3
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+
+
+
+def write_run_artifacts(fs: pafs.FileSystem, run_path: str, result: Any) -> None:
+    """results.json always; with a goodput report also its table and the timeline picture."""
+    payload = result.summary()
+    report = result.goodput
+    if report is not None:
+        payload["goodput"] = report.to_dict(include_timeline=True)
+    if isinstance(result.checkpoint, dict):
+        payload["checkpoint"] = {k: v for k, v in result.checkpoint.items() if k != "phases"}
+    write_json(fs, posixpath.join(run_path, "results.json"), payload)
+    if report is None:
+        return
+    with fs.open_output_stream(posixpath.join(run_path, "goodput.txt")) as out:
+        out.write(report.table().encode())
+    try:
+        from ray_resilience.goodput.plot import plot_timeline
+
+        with tempfile.TemporaryDirectory() as tmp:
+            png = os.path.join(tmp, "timeline.png")
+            plot_timeline(report, png)
+            with open(png, "rb") as src, fs.open_output_stream(
+                    posixpath.join(run_path, "timeline.png")) as out:
+                out.write(src.read())
+    except Exception:  # noqa: BLE001 - a picture must never fail a finished run
+        log.warning("could not plot the run timeline into %s", run_path, exc_info=True)

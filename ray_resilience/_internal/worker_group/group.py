@@ -1,0 +1,276 @@
+"""The ranks' actors in their placement-group bundles: create, launch attempts, kill, replace, tear down."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ray_resilience.config import ScalingConfig
+from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
+from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
+from ray_resilience._internal.rank import preimport
+from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
+from ray_resilience._internal.rank.actor import WorkerActor
+
+log = logging.getLogger(__name__)
+
+
+class WorkerGroup:
+    """Owns the ranks' bundles (see `bundles.py`) and one actor per rank."""
+
+    def __init__(self, scaling: ScalingConfig, train_fn: bytes, train_config: Any,
+                 supervisor: Any, env_vars: dict[str, str], num_spares: int = 0,
+                 num_prestarted: int = 0) -> None:
+        self.scaling, self.num_spares = scaling, num_spares
+        self._train_fn, self._train_config = train_fn, train_config
+        self._supervisor, self._env_vars = supervisor, env_vars
+        self.bundles = Bundles(scaling)
+        self.actors: list[Any] = []
+        self.info: list[dict[str, Any]] = []
+        self.bundle_of: list[Bundle] = []
+        """The bundle hosting each rank (a spare that took over keeps its own)."""
+        self.spares: list[tuple[Any, Bundle, Any]] = []
+        """Warm spare actors: (actor, bundle, pending info() ref)."""
+        self._spare_bundles: list[Bundle] = []
+        """Bundles spares left by taking over ranks, until `replenish_spares` fills them."""
+        self._reserved: list[Bundle] = []
+        self.prestarter = WorkerPrestarter(num_prestarted)
+        self.preimport_key = f"preimport-{uuid.uuid4().hex}"
+        """Switches the rank processes' background import on (`preimport`), once the run
+        has a step and prestarted workers are asked for."""
+        self._rank_env = preimport.rank_env_vars(env_vars, self.preimport_key)
+        self._rank_runtime_env: str | None = None
+        """The ranks' runtime env as the raylet serialized it (from their `info`): prestarted
+        workers are asked for with it, so only rank actors take them."""
+        self._preimport_on = False
+        self._prestart_nodes: dict[str, int] = {}
+        """Node -> prestarted workers to ask for there at the next request: `num_prestarted`
+        per node of the run's first ranks, one more for each rank started there since (it
+        took one, or one still booting)."""
+
+    @property
+    def world_size(self) -> int:
+        """Current number of ranks (below num_workers after a shrink)."""
+        return len(self.actors) if self.actors else self.scaling.num_workers
+
+    def start(self, placement_timeout_s: float) -> None:
+        self.reserve(placement_timeout_s)
+        self.spawn()
+
+    def reserve(self, placement_timeout_s: float) -> None:
+        """Creates the placement group (ranks plus spares) and waits until it is placed."""
+        self._reserved = self.bundles.reserve(self.world_size + self.num_spares, placement_timeout_s)
+
+    def bundle_nodes(self) -> list[str]:
+        """Node id of each rank's bundle, known once `reserve` returned (before any actor)."""
+        return [self.bundles.node_of(b) for b in self._reserved[:self.world_size]]
+
+    def spawn(self) -> None:
+        """One actor per rank (and the warm spares) in the reserved bundles; returns once every
+        rank answered (their imports continue in `prewarm`)."""
+        world = self.world_size
+        self.bundle_of = list(self._reserved[:world])
+        self.actors = [self._new_actor(b) for b in self.bundle_of]
+        for actor in self.actors:  # imports done before any attempt can be interrupted
+            actor.prewarm.remote()
+        for bundle in self._reserved[world:]:
+            self._add_spare(bundle)
+        self.info = ray.get([a.info.remote() for a in self.actors], timeout=120)
+        self._rank_runtime_env = self.info[0].get("runtime_env") if self.info else None
+
+    @property
+    def spares_pending(self) -> bool:
+        """Whether spares used by a recovery still wait to be replaced (`replenish_spares`)."""
+        return bool(self._spare_bundles)
+
+    def replenish_spares(self, exclude: set[str]) -> None:
+        """Starts a spare in each bundle a spare left when it took over a rank (none on a node
+        in `exclude`).
+
+        Called by the supervisor once the recovery that used them has a completed step: a new
+        spare spends its first seconds importing torch, and on a small node that CPU would be
+        taken from the recovery itself (measured here: the memory-tier load of a respawn took
+        0.5-0.9 s with a spare starting alongside, 0.25-0.3 s without)."""
+        bundles, self._spare_bundles = self._spare_bundles, []
+        for bundle in bundles:
+            if self.bundles.node_of(bundle) not in exclude:
+                self._add_spare(bundle)
+
+    def _add_spare(self, bundle: Bundle) -> None:
+        actor = self._new_actor(bundle, spare=True)
+        actor.prewarm.remote()
+        self.spares.append((actor, bundle, actor.info.remote()))
+
+    @property
+    def prestart_pending(self) -> bool:
+        return self.prestarter.enabled and bool(self._prestart_nodes)
+
+    def prestart(self) -> None:
+        """Asks the nodes where actors were created since the last call for idle workers."""
+        nodes, self._prestart_nodes = self._prestart_nodes, {}
+        if not nodes or not self.prestarter.enabled:
+            return
+        if self._rank_runtime_env is None:  # Ray's internals moved: no rank would take them
+            log.info("not prestarting workers: the ranks' runtime env is unknown")
+            self.prestarter.enabled = False
+            return
+        if not self._preimport_on:
+            self._preimport_on = preimport.switch(self.preimport_key, True)
+        self.prestarter.request(nodes, self._rank_runtime_env)
+
+    def _new_actor(self, bundle: Bundle, *, spare: bool = False) -> Any:
+        """A rank's actor in `bundle`. Ranks carry the setup hook that has processes booted
+        for them import torch ahead of time (`preimport`); warm spares do not: they start
+        with the run and must not wait for CPU the ranks leave idle."""
+        node = self.bundles.node_of(bundle)
+        if node is not None and not spare:
+            first = not self.info  # before the run's first ranks answered
+            self._prestart_nodes[node] = self.prestarter.count if first \
+                else self._prestart_nodes.get(node, 0) + 1
+        scaling = self.scaling.bundle
+        options: dict[str, Any] = {
+            "num_cpus": scaling.get("CPU", 0), "num_gpus": scaling.get("GPU", 0),
+            "resources": {k: v for k, v in scaling.items() if k not in ("CPU", "GPU")},
+            "max_concurrency": WORKER_MAX_CONCURRENCY,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=bundle.pg, placement_group_bundle_index=bundle.index),
+        }
+        env = self._env_vars if spare else self._rank_env
+        if env:
+            options["runtime_env"] = {"env_vars": env}
+        return ray.remote(WorkerActor).options(**options).remote(
+            self._train_fn, self._train_config, self._supervisor)
+
+    def layout(self) -> tuple[list[int], list[int], list[int]]:
+        """(local_rank, local_world_size, node_rank) per rank, from where each actor landed."""
+        node_order: list[str] = []
+        for item in self.info:
+            if item["node_id"] not in node_order:
+                node_order.append(item["node_id"])
+        local_rank, counts = [], {n: 0 for n in node_order}
+        for item in self.info:
+            local_rank.append(counts[item["node_id"]])
+            counts[item["node_id"]] += 1
+        local_size = [counts[item["node_id"]] for item in self.info]
+        node_rank = [node_order.index(item["node_id"]) for item in self.info]
+        return local_rank, local_size, node_rank
+
+    def master(self) -> tuple[str, int]:
+        """Address and a free port on rank 0's node for a new rendezvous."""
+        return self.info[0]["ip"], ray.get(self.actors[0].free_port.remote(), timeout=60)
+
+    def launch(self, specs: list[Any]) -> dict[Any, int]:
+        """Starts one attempt on every rank; returns {run future: rank}."""
+        return {self.actors[s.rank].run_attempt.remote(s): s.rank for s in specs}
+
+    def node_ids(self) -> list[str]:
+        return [item["node_id"] for item in self.info]
+
+    def pids(self) -> list[int]:
+        return [item["pid"] for item in self.info]
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Asks ranks to release resources, then kills the actors and removes the group."""
+        everyone = self.actors + [spare for spare, _, _ in self.spares]
+        if everyone:
+            refs = [a.shutdown.remote() for a in everyone]
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            for actor in everyone:
+                ray.kill(actor, no_restart=True)
+        self.actors, self.spares = [], []
+        self.bundles.remove_all()
+        if self._preimport_on:
+            self._preimport_on = not preimport.switch(self.preimport_key, False)
+
+    # --- respawn ------------------------------------------------------------------------------
+
+    def kill(self, rank: int) -> None:
+        """Kills one rank's actor (SIGKILL through Ray); its bundle is freed for a replacement."""
+        kill_quietly(self.actors[rank])
+
+    def node_of_rank(self, rank: int) -> str | None:
+        """The node of the bundle hosting `rank` now."""
+        return self.bundles.node_of(self.bundle_of[rank])
+
+    def replace(self, ranks: list[int], timeout_s: float, exclude: set[str] | None = None) -> list[int]:
+        """New actors for `ranks` (a warm spare first, else a new actor in the rank's bundle).
+
+        Ranks whose bundle is on a node in `exclude` move to new bundles elsewhere, and spares
+        there are dropped. Waits up to `timeout_s` for the new actors to answer (a lost node's
+        bundles are placed again when capacity returns). Returns the ranks that could not be
+        replaced in time; their not-yet-started actors are killed.
+        """
+        exclude = exclude or set()
+        unplaced = self._move_off(ranks, exclude, timeout_s)
+        refs: dict[Any, int] = {}
+        for rank in [r for r in ranks if r not in unplaced]:
+            freed = self.bundle_of[rank]
+            if self.spares:  # a warm spare takes over; a new spare will start in the freed bundle
+                actor, bundle, info_ref = self.spares.pop(0)
+                self.actors[rank], self.bundle_of[rank] = actor, bundle
+                refs[info_ref] = rank
+                self._spare_bundles.append(freed)
+            else:
+                self._start_in_bundle(rank, refs)
+        deadline = time.monotonic() + timeout_s
+        while refs and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs),
+                                timeout=min(SLOW_WAIT_WARNING_S, max(deadline - time.monotonic(), 0.01)))
+            for ref in ready:
+                rank = refs.pop(ref)
+                try:
+                    self.info[rank] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    # Its bundle's node died before it started (the bundle is being placed
+                    # again): try once more with a new actor while time remains.
+                    log.warning("replacement for rank %d died before starting: %s", rank, exc)
+                    self._start_in_bundle(rank, refs)
+            if refs:
+                log.warning("waiting for replacement ranks %s to start (available: %s)",
+                            sorted(refs.values()), ray.available_resources())
+        missing = sorted(set(refs.values()) | set(unplaced))
+        for rank in missing:
+            self.kill(rank)
+        # Now, not once the recovery completed a step: the next fault may come sooner, and the
+        # boot overlaps the recovery's own work on cores the waiting survivors leave idle.
+        self.prestart()
+        return missing
+
+    def _start_in_bundle(self, rank: int, refs: dict[Any, int]) -> None:
+        self.actors[rank] = self._new_actor(self.bundle_of[rank])
+        self.actors[rank].prewarm.remote()
+        refs[self.actors[rank].info.remote()] = rank
+
+    def _move_off(self, ranks: list[int], exclude: set[str], timeout_s: float) -> list[int]:
+        """Gives ranks on excluded nodes bundles elsewhere; returns those that found none."""
+        for spare in [s for s in self.spares if self.bundles.node_of(s[1]) in exclude]:
+            self.spares.remove(spare)
+            kill_quietly(spare[0])
+        moving = [r for r in ranks if self.bundles.node_of(self.bundle_of[r]) in exclude]
+        if not moving:
+            return []
+        fresh = self.bundles.elsewhere(len(moving), exclude, timeout_s)
+        if fresh is None:
+            log.warning("no room for ranks %s outside the excluded nodes %s", moving, sorted(exclude))
+            return moving
+        for rank, bundle in zip(moving, fresh, strict=True):
+            self.bundle_of[rank] = bundle
+        return []
+
+    def drop(self, ranks: list[int]) -> None:
+        """Removes `ranks` and shifts the ranks above each gap down (the world shrinks)."""
+        for rank in sorted(ranks, reverse=True):
+            self.kill(rank)
+            del self.actors[rank], self.info[rank], self.bundle_of[rank]
+
+
+def kill_quietly(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already dead
+        pass

@@ -1,0 +1,351 @@
+"""Checkpoints end to end on a local Ray: FSDP2 ranks (gloo), real writer actors, local storage.
+
+Oracles: a checkpoint holds exactly the state at save time (the parameters are changed right
+after `save` returns); plain `torch.distributed.checkpoint.load` reads it at world sizes 1, 2 and
+3; a resumed run ends bit-equal to an uninterrupted one; loads name their tier and fall back past
+damaged steps, naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import pytest
+import ray
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ray_resilience.checkpoint import CheckpointConfig
+from ray_resilience._internal.checkpoint.service.service import CheckpointService
+from ray_resilience._internal.checkpoint.format.local_roots import node_root
+from ray_resilience._internal.checkpoint.rank.snapshot import state_dict_of
+from ray_resilience.examples.llama import build_model
+from tests.support.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
+from tests.support.procfs import SCHED_BATCH, SCHED_IDLE, SCHED_OTHER, thread_policies
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def start_service(storage_path: str, world_size: int, run: str = "run", **config) -> CheckpointService:
+    """A service for the harness ranks. The local tier is off unless asked for: these tests are
+    about committed checkpoints, which a newer local snapshot would otherwise shadow on load."""
+    config.setdefault("local_interval_steps", 0)
+    node = ray.get_runtime_context().get_node_id()
+    return CheckpointService.start(
+        storage_path=storage_path, run_name=run, storage_filesystem=None, world_size=world_size,
+        node_ids_by_rank=[node] * world_size, config=CheckpointConfig(**config))
+
+
+def wait_committed(service: CheckpointService, step: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while service.latest_committed_step() != step:
+        assert time.monotonic() < deadline, f"step {step} not committed: {service.stats()}"
+        time.sleep(0.1)
+
+
+def assert_same(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
+    assert expected.keys() == got.keys()
+    different = [k for k in expected if not torch.equal(expected[k], got[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def step_folder(root: str, run: str, step: int) -> str:
+    folder = os.path.join(root, run, "checkpoints")
+    (name,) = [n for n in os.listdir(folder) if n.startswith(f"step_{step:012d}_")]
+    return os.path.join(folder, name)
+
+
+@pytest.fixture
+def two_ranks(ray_session, tmp_path):
+    """A service and two ranks that trained 3 steps, saved step 3, then changed every value."""
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2))
+    on_all(ranks, "train", 3, save=False)
+    expected = on_all(ranks, "save_then_mutate", 3)[0]
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 3)
+    yield service, ranks, expected
+    stop_ranks(ranks)
+    service.shutdown()
+
+
+def test_checkpoint_is_an_exact_snapshot_loadable_by_plain_dcp(two_ranks, tmp_path):
+    service, ranks, expected = two_ranks
+    model = build_model("tiny", seed=7)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = state_dict_of(model, optimizer)  # materializes the optimizer state to load into
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=step_folder(str(tmp_path), "run", 3))
+    got = {f"model.{k}": v for k, v in state["model"].items()}
+    for fqn, entry in state["optimizer"]["state"].items():
+        got.update({f"optimizer.state.{fqn}.{k}": v for k, v in entry.items()})
+    assert_same(expected, got)
+
+
+def test_loading_restores_values_and_extra_from_memory(two_ranks):
+    service, ranks, expected = two_ranks
+    loaded = on_all(ranks, "load")
+    assert [(r["step"], r["tier"]) for r in loaded] == [(3, "memory"), (3, "memory")]
+    assert loaded[1]["extra"]["note"] == ("rank", 1) and loaded[0]["extra"]["step"] == 3
+    assert loaded[0]["extra"]["rng"].dtype == torch.uint8
+    assert_same(expected, on_all(ranks, "full_state")[0])
+    stats = service.stats()
+    assert stats["committed_steps"] == [3] and stats["memory_bytes"] > 0
+
+
+def test_respawned_ranks_load_from_writer_memory(two_ranks):
+    service, ranks, expected = two_ranks
+    stop_ranks(ranks, kill=True)  # the writers' memory must outlive the ranks' processes
+    fresh = start_ranks(service.ensure_writers([ray.get_runtime_context().get_node_id()] * 2))
+    try:
+        assert [r["tier"] for r in on_all(fresh, "load")] == ["memory", "memory"]
+        assert_same(expected, on_all(fresh, "full_state")[0])
+    finally:
+        stop_ranks(fresh)
+
+
+def test_local_tier_restores_the_newest_step_across_a_respawn_and_falls_back(ray_session, tmp_path):
+    node = ray.get_runtime_context().get_node_id()
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=4,
+                                                      local_interval_steps=1))
+    fresh = []
+    try:
+        on_all(ranks, "train", 4)
+        at_4 = on_all(ranks, "full_state")[0]
+        on_all(ranks, "train", 2)  # committed: step 4; local: steps 5 and 6
+        at_6 = on_all(ranks, "full_state")[0]
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 4)
+        on_all(ranks, "train", 1, save=False)  # step 7 changes everything, no snapshot of it
+        loaded = on_all(ranks, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(6, "local"), (6, "local")]
+        assert loaded[1]["extra"]["note"] == ("rank", 1) and loaded[0]["extra"]["step"] == 6
+        assert_same(at_6, on_all(ranks, "full_state")[0])
+        stats = on_all(ranks, "stats")
+        assert stats[0]["local_snapshots"] == 6 and stats[0]["local_bytes"] > 0
+        assert stats[0]["local_disabled"] is None
+
+        # SIGKILL both processes: the files outlive them, new processes on the node read them.
+        stop_ranks(ranks, kill=True)
+        fresh = start_ranks(service.ensure_writers([node] * 2))
+        loaded = on_all(fresh, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(6, "local"), (6, "local")]
+        assert_same(at_6, on_all(fresh, "full_state")[0])
+
+        # Rank 1's snapshot damaged: no step both ranks hold, so both load the committed step.
+        for name in ("rank1.0", "rank1.1"):
+            path = os.path.join(node_root(service.local_root, node), name)
+            if os.path.exists(path):
+                with open(path, "r+b") as f:
+                    f.write(b"\xff" * 64)
+        loaded = on_all(fresh, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(4, "memory"), (4, "memory")]
+        assert_same(at_4, on_all(fresh, "full_state")[0])
+        root = node_root(service.local_root, node)
+        assert not any(f.startswith("rank0.") and _complete(os.path.join(root, f))
+                       for f in os.listdir(root))  # the abandoned timeline's files
+    finally:
+        stop_ranks(fresh or ranks)
+        service.shutdown()
+    assert not os.path.exists(root)  # the run's writers removed its local folder
+
+
+def _complete(path: str) -> bool:
+    with open(path, "rb") as f:
+        return b'"state":"complete"' in f.read(4096)
+
+
+def test_replica_restores_a_rank_whose_writer_is_gone(ray_session, tmp_path):
+    """memory_replicas=1, one writer per rank: each writer also keeps the other rank's shard.
+    With rank 1's writer killed after the commit, rank 1 restores from the replica in rank 0's
+    writer, not from storage; the values are the ones saved."""
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, writers_per_node=2,
+                                                      memory_replicas=1))
+    try:
+        on_all(ranks, "train", 3, save=False)
+        expected = on_all(ranks, "save_then_mutate", 3)[0]
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 3)
+        deadline = time.monotonic() + 60
+        while True:
+            writers = service.stats()["writers"]
+            held = sorted(((w.get("memory_tier_steps"), w.get("replica_steps")) for w in writers), key=repr)
+            if held == [({0: 3}, {1: 3}), ({1: 3}, {0: 3})]:
+                break
+            assert time.monotonic() < deadline, f"replicas not held: {writers}"
+            time.sleep(0.1)
+        assert service.stats()["memory_bytes"] >= 2 * sum(w["memory_tier_bytes"] for w in writers)
+        # An older commit's broadcast that runs late (the writer is a threaded actor) drops nothing.
+        ray.get(service.rank_spec(0).writer.on_commit.remote("0" * 16, 1, 0, {}))
+        after = {w["writer_id"]: (w["memory_tier_steps"], w["replica_steps"]) for w in service.stats()["writers"]}
+        assert after[service.rank_spec(0).writer_id] == ({0: 3}, {1: 3}), after
+        ray.kill(service.rank_spec(1).writer)
+        loaded = on_all(ranks, "load")
+        assert [(r["step"], r["tier"], r["replica"]) for r in loaded] == [
+            (3, "memory", False), (3, "memory", True)]
+        assert_same(expected, on_all(ranks, "full_state")[0])
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
+def test_resharding_to_one_and_three_ranks_with_plain_dcp(two_ranks, tmp_path):
+    service, ranks, expected = two_ranks
+    stop_ranks(ranks)
+    path = step_folder(str(tmp_path), "run", 3)
+    three = start_ranks([], world_size=3)
+    try:
+        states = on_all(three, "stock_load", path)
+        for state in states:
+            assert_same(expected, state)
+    finally:
+        stop_ranks(three)
+
+
+def test_resumed_run_ends_bit_equal_to_an_uninterrupted_one(ray_session, tmp_path):
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=4))
+    try:
+        assert on_all(ranks, "load") == [None, None]
+        blocked = on_all(ranks, "train", 8)
+        assert [b is not None for b in blocked[0]] == [s % 4 == 0 for s in range(1, 9)]
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 8)
+        on_all(ranks, "train", 3, save=False)
+        uninterrupted = on_all(ranks, "full_state")[0]
+    finally:
+        stop_ranks(ranks)
+    service.shutdown()
+    # A job retry: new service (no memory tier survives), new processes, same run folder.
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=4))
+    try:
+        loaded = on_all(ranks, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(8, "storage"), (8, "storage")]
+        on_all(ranks, "train", 3, save=False)
+        assert_same(uninterrupted, on_all(ranks, "full_state")[0])
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, damage):
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=2, memory_tier=False))
+    try:
+        on_all(ranks, "train", 2)
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 2)
+        at_step_2 = on_all(ranks, "full_state")[0]
+        on_all(ranks, "train", 2)
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 4)
+        shard = os.path.join(step_folder(str(tmp_path), "run", 4), "__1_0.distcp")
+        if damage == "missing":
+            os.remove(shard)
+        else:
+            with open(shard, "r+b") as f:
+                f.seek(200)
+                f.write(b"\x00garbage\x00")
+        loaded = on_all(ranks, "load")
+        assert [r["step"] for r in loaded] == [2, 2]
+        for r in loaded:  # every rank names the damaged file, whichever rank read it
+            assert len(r["fallbacks"]) == 1 and shard in r["fallbacks"][0]
+        assert_same(at_step_2, on_all(ranks, "full_state")[0])
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
+def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block"))
+    try:
+        service.wait_ready(timeout_s=60)  # the writer imported DCP
+        on_all(ranks, "train", 5)
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 5)
+        root = os.path.join(str(tmp_path), "run", "checkpoints")
+        deadline = time.monotonic() + 30  # pruning follows the commit
+        while len(os.listdir(root)) > 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(int(n.split("_")[1]) for n in os.listdir(root)) == [4, 5]
+        counts = on_all(ranks, "stats")[0]
+        assert counts["staged"] == 5 and counts.get("skipped", 0) == 0
+        stats = service.stats()
+        assert stats["counts"]["committed"] == 5 and not stats["coordinator_has_torch"], stats
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
+def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ray_session, tmp_path):
+    """A rank sends its save plan (every item, the planner data) to a writer once; later tickets
+    carry only the plan's id. A writer that does not hold the plan (a replacement, or a new
+    plan) answers NEED_PLAN and takes nothing; once it holds it, a lean ticket's shard is
+    written with every item."""
+    from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra
+    from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
+    from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+    from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket
+    from ray_resilience._internal.checkpoint.service.warm_import import dumps
+
+    service = start_service(str(tmp_path), 1)
+    try:
+        writer = service.rank_spec(0).writer
+        model = build_model("tiny", seed=0)
+        source = StateCache().source(model, None)
+        buffers = StagingBuffers(source.items, source.tensors)
+        buffers.copy_now(source.tensors, list(range(len(source.tensors))))
+        session = "00000000000000cc"
+
+        def ticket(step: int, *, lean: bool) -> bytes:
+            return dumps(SaveTicket(session=session, step=step, rank=0, world_size=1,
+                                    items=None if lean else source.items, owned=[True] * len(source.items),
+                                    planner_data=None if lean else source.planner_data,
+                                    staged_at=time.time(), plan_id=source.plan_id))
+
+        def send(step: int, *, lean: bool):
+            ref = ray.put(buffers.payload(source.blobs, encode_extra({"step": step})))
+            return ray.get(writer.receive.remote(ticket(step, lean=lean), [ref]), timeout=60)
+
+        assert send(1, lean=True) == NEED_PLAN
+        assert ray.get(writer.stats.remote())["received"] == 0  # nothing taken
+        assert send(1, lean=False) is None
+        assert send(2, lean=True) is None  # the writer filled in the plan it holds
+        for step in (1, 2):
+            outcome = ray.get(writer.wait.remote((session, step, 0), 60.0), timeout=90)
+            assert outcome is not None and outcome.ok, outcome
+        assert ray.get(writer.stats.remote())["received"] == 2
+        # The lean ticket's shard holds every item, as the full one's does.
+        sizes = [os.path.getsize(os.path.join(step_folder(str(tmp_path), "run", step), "__0_0.distcp"))
+                 for step in (1, 2)]
+        assert sizes[0] == sizes[1] > buffers.nbytes, sizes
+    finally:
+        service.shutdown()
+
+
+def test_a_ranks_checkpoint_threads_never_preempt_its_training_thread(two_ranks):
+    """The threads a save wakes (copier, rounds, writer replies) run under SCHED_BATCH (3): the
+    same share of the CPU, but waking them from inside `save` does not preempt the training
+    thread, which keeps Ray's SCHED_OTHER (0)."""
+    _, ranks, _ = two_ranks
+    policies = ray.get(ranks[0].thread_policies.remote(), timeout=60)
+    ours = {name: policy for name, policy in policies.items() if name.startswith("rr-ckpt-")}
+    assert sorted(ours) == ["rr-ckpt-copy-r0", "rr-ckpt-rounds-r0", "rr-ckpt-wait-r0"], policies
+    assert set(ours.values()) == {SCHED_BATCH} and policies["caller"] == SCHED_OTHER, policies
+
+
+@pytest.mark.parametrize("policy, expected", [("coalesce", SCHED_IDLE), ("block", SCHED_OTHER)])
+def test_writers_run_below_the_ranks_unless_training_waits_for_them(ray_session, tmp_path, policy, expected):
+    """By default every thread of a writer is at SCHED_IDLE (5), below any rank thread; under
+    `block` training waits for the writer, which keeps Ray's SCHED_OTHER (0)."""
+    service = start_service(str(tmp_path), 1, in_flight_policy=policy)
+    try:
+        writer = service.rank_spec(0).writer
+        service.wait_ready()  # the one-time import thread (kept at Ray's priority) is done
+        info = ray.get(writer.ping.remote(), timeout=60)
+        assert info["priority"] == ("idle" if policy == "coalesce" else "normal")
+        policies = thread_policies(info["pid"])
+        assert policies and all(p == expected for p in policies.values()), policies
+    finally:
+        service.shutdown()

@@ -1,0 +1,126 @@
+"""The snapshot is exact although the copy overlaps training, and saving needs no collective.
+
+Real FSDP2 ranks on gloo, real writers. The background copy of each save is held back
+(`copy_delay_s`), so the optimizer step right after `save` returns really does race it: only
+the optimizer-step guard keeps the checkpoint exact, and a direct in-place write is detected.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
+from tests.ray.test_checkpoint_ray import assert_same, start_service, wait_committed
+
+pytestmark = pytest.mark.timeout(300)
+DELAY_S = 0.6
+
+
+@pytest.fixture
+def ranks_with_slow_copy(ray_session, tmp_path, request):
+    # "overlap" explicitly (the default "auto" also overlaps the tiny model's 0.75 MB per rank).
+    config = {"snapshot": "overlap", **getattr(request, "param", {})}
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, **config), copy_delay_s=DELAY_S)
+    on_all(ranks, "train", 2, save=False)
+    yield service, ranks
+    stop_ranks(ranks)
+    service.shutdown()
+
+
+def test_optimizer_step_right_after_save_waits_for_the_copy(ranks_with_slow_copy):
+    service, ranks = ranks_with_slow_copy
+    expected = on_all(ranks, "save_then_mutate", 3, "optimizer")[0]
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 3)
+    stats = on_all(ranks, "stats")
+    # The copy started DELAY_S late, so the step could only have been held by the guard.
+    assert all(max(s["guard_wait_s"]) > DELAY_S * 0.5 for s in stats), [s["guard_wait_s"] for s in stats]
+    assert all(s["torn"] == 0 if "torn" in s else True for s in stats)
+    loaded = on_all(ranks, "load")
+    assert [r["step"] for r in loaded] == [3, 3]
+    assert_same(expected, on_all(ranks, "full_state")[0])
+
+
+def test_in_place_write_during_the_copy_drops_the_save_and_keeps_the_last_commit(ranks_with_slow_copy):
+    service, ranks = ranks_with_slow_copy
+    on_all(ranks, "save", 2)
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 2)
+    before = on_all(ranks, "full_state")[0]
+    on_all(ranks, "save_then_mutate", 3, "inplace")  # no optimizer step: nothing holds the write
+    assert all(on_all(ranks, "wait_idle"))
+    stats = on_all(ranks, "stats")
+    assert all(s["torn"] == 1 for s in stats), stats
+    time.sleep(0.5)
+    assert service.stats()["committed_steps"] == [2]  # never a torn step 3
+    assert [r["step"] for r in on_all(ranks, "load")] == [2, 2]
+    assert_same(before, on_all(ranks, "full_state")[0])
+
+
+# "auto" with the tiny model's state (~0.75 MB per rank) below auto_sync_max_bytes: sync.
+@pytest.mark.parametrize("ranks_with_slow_copy", [{"snapshot": "sync"},
+                                                  {"snapshot": "auto", "auto_sync_max_bytes": 8 * 2**20}],
+                         indirect=True)
+def test_sync_snapshot_is_exact_even_under_in_place_writes(ranks_with_slow_copy):
+    service, ranks = ranks_with_slow_copy
+    expected = on_all(ranks, "save_then_mutate", 3, "inplace")[0]
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 3)
+    assert all(s.get("torn", 0) == 0 and not s["guard_wait_s"] for s in on_all(ranks, "stats"))
+    on_all(ranks, "load")
+    assert_same(expected, on_all(ranks, "full_state")[0])
+
+
+def test_replaced_storage_drops_that_save_and_the_next_one_is_exact(ranks_with_slow_copy):
+    """The plan's tensors are checked for replaced storage where they are copied (after `save`
+    returns): a save that would copy a tensor training no longer updates is dropped, and the
+    next one rebuilds its plan and holds the values at save time."""
+    service, ranks = ranks_with_slow_copy
+    on_all(ranks, "save", 2)  # builds the plan
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 2)
+    on_all(ranks, "replace_storage")
+    on_all(ranks, "train", 1, save=False)  # the optimizer updates the new storage only
+    on_all(ranks, "save", 3)
+    assert all(on_all(ranks, "wait_idle"))
+    assert all(s["torn"] == 1 for s in on_all(ranks, "stats"))
+    time.sleep(0.5)
+    assert service.stats()["committed_steps"] == [2]  # never step 3 with the stale moments
+    on_all(ranks, "train", 1, save=False)
+    expected = on_all(ranks, "save_then_mutate", 5, "optimizer")[0]
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 5)
+    assert [r["step"] for r in on_all(ranks, "load")] == [5, 5]
+    assert_same(expected, on_all(ranks, "full_state")[0])
+
+
+def test_later_saves_reuse_the_plan_but_see_new_settings(ranks_with_slow_copy):
+    service, ranks = ranks_with_slow_copy
+    on_all(ranks, "save", 3)
+    on_all(ranks, "set_lr", 0.00123)  # e.g. a learning-rate schedule between two saves
+    on_all(ranks, "train", 1, save=False)
+    on_all(ranks, "save", 4)
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 4)
+    on_all(ranks, "set_lr", 0.5)
+    assert [r["step"] for r in on_all(ranks, "load")] == [4, 4]
+    assert on_all(ranks, "lr") == [0.00123, 0.00123]
+    capture = [s["phases_s"]["capture"] for s in on_all(ranks, "stats")]
+    assert all(c[1] < c[0] for c in capture), capture  # the second save took the cached path
+
+
+def test_save_returns_without_the_other_rank_and_commits_once_it_saves(ranks_with_slow_copy):
+    service, ranks = ranks_with_slow_copy
+    on_all(ranks, "save", 2)  # the session starts with a collective, once
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 2)
+    # Rank 1 is idle: a save that needed a collective would hang here.
+    assert ray.get(ranks[0].save.remote(3), timeout=20) is not None
+    time.sleep(0.5)  # room for a wrong commit of step 3 with one rank's shard only
+    assert service.latest_committed_step() == 2
+    assert ray.get(ranks[1].save.remote(3), timeout=20) is not None
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 3)

@@ -1,0 +1,74 @@
+"""Soak: 100 consecutive in-process restarts without leaking memory, descriptors or threads.
+
+Resident memory: the issue's bound is < 10% growth over the 100 restarts. Measured here
+(2026-12-01): the live heap grows ~2 MB in all; before teardown called `malloc_trim`, glibc kept
+each attempt's freed memory resident and a worker grew ~15%; now 5-8% (most of it over the first
+~30 restarts, as Ray's executor threads and their arenas appear), and the second half must be
+flat (< 3%), where a per-restart leak would show as steady growth. Descriptors must be back at
+their level (from restart 5 on: one or two open once during the first restarts) and flat over
+the second half; in two suite runs of several, one more descriptor opened once, at restart ~12,
+and stayed (a lazily opened connection): one is tolerated, a leak would show as growth; the
+assertion lists the kinds that changed. Our own threads must be back at their level exactly;
+"Dummy-N" threads are Ray's C++ executor threads of the threaded actor (at most
+WORKER_MAX_CONCURRENCY), not ours.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import pytest
+
+import ray_resilience as rr
+from ray_resilience.policy import Compose
+from ray_resilience._internal.constants import WORKER_MAX_CONCURRENCY
+from tests.support import soak_loop
+
+RESTARTS = 100
+WARM = 50
+
+
+def _kinds(sample: dict) -> dict[str, int]:
+    """Descriptors by kind ("socket", "pipe", "anon_inode:[eventpoll]", a path's folder)."""
+    kinds = collections.Counter()
+    for entry in sample["fd_targets"]:
+        target = entry.split("->", 1)[1]
+        kinds[target.split(":")[0] if target.startswith(("socket:", "pipe:")) else
+              target if target.startswith("anon_inode") else os.path.dirname(target)] += 1
+    return dict(kinds)
+
+
+def _own_threads(sample: dict) -> list[str]:
+    return [n for n in sample["thread_names"] if not n.startswith("Dummy-")]
+
+
+@pytest.mark.slow  # 0.5-1 min; tests/process/test_abort.py's 10-restart soak runs by default
+@pytest.mark.timeout(600)
+def test_hundred_inprocess_restarts_leak_nothing(ray_session, tmp_path):
+    result = rr.ResilientTrainer(
+        soak_loop.soak, train_loop_config={"restarts": RESTARTS},
+        scaling_config=rr.ScalingConfig(num_workers=2),
+        run_config=rr.RunConfig(name="soak", storage_path=str(tmp_path), verbose=False),
+        resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(
+            max_restarts=RESTARTS, health_check=Compose()))).fit()
+    assert result.ok, result.error
+    assert result.attempts == RESTARTS + 1
+    assert [v["pid"] for v in result.return_values] == result.worker_pids
+    for value in result.return_values:
+        samples = value["samples"]
+        first, settled, warm, end = samples[1], samples[5], samples[WARM], samples[RESTARTS]
+        assert end["rss"] < first["rss"] * 1.10, (first["rss"], end["rss"])
+        assert end["rss"] < warm["rss"] * 1.03, (warm["rss"], end["rss"])
+        # 1-2 descriptors open once during the first restarts (Ray/gloo, lazily), then never more.
+        before, after = _kinds(settled), _kinds(end)
+        # A leak grows with the restarts (the one fixed earlier: 5 descriptors every ~4 restarts,
+        # +125 here); one descriptor opened once, late, is a lazy connection, not a leak.
+        assert settled["fds"] <= end["fds"] <= settled["fds"] + 1 and end["fds"] == warm["fds"], {
+            "kinds that changed (restart 5 -> 100)": {
+                k: (before.get(k, 0), after.get(k, 0)) for k in set(before) | set(after)
+                if before.get(k, 0) != after.get(k, 0)},
+            "count per restart": {a: s["fds"] for a, s in sorted(samples.items())
+                                  if a and s["fds"] != samples[a - 1]["fds"]}}
+        assert len(_own_threads(end)) == len(_own_threads(first)), (first, end)
+        assert end["threads"] - len(_own_threads(end)) <= WORKER_MAX_CONCURRENCY

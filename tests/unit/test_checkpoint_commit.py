@@ -1,0 +1,204 @@
+"""Commit protocol, retention, cleanup and storage errors on real local file systems (no Ray)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+import threading
+
+import pytest
+
+from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience._internal.checkpoint.format.commit import (
+    Manifest, commit_step, committed_steps, prune, read_manifest)
+from ray_resilience._internal.checkpoint.service.commit_queue import CommitQueue
+from ray_resilience.checkpoint.errors import (
+    CheckpointCorruptError, StorageFullError, StoragePermissionError, StorageUnavailableError,
+    UnsafeCheckpointError)
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
+from ray_resilience._internal.checkpoint.wire import FileDigest
+
+pytestmark = pytest.mark.timeout(60)
+OLD, NEW = "00000000000000aa", "00000000000000bb"
+
+
+def _fake_step(storage: CheckpointStorage, step: int, session: str, *, commit: bool) -> layout.StepDir:
+    step_dir = layout.StepDir(step, session)
+    storage.make_dir(step_dir.name)
+    with storage.open_output(f"{step_dir.name}/__0_0.distcp") as out:
+        out.write(b"data" * 10)
+    if commit:
+        commit_step(storage, step_dir, world_size=1, metadata=b"md",
+                    files={"__0_0.distcp": FileDigest(40, 0)})
+    return step_dir
+
+
+@pytest.fixture
+def storage(tmp_path) -> CheckpointStorage:
+    return CheckpointStorage.for_run(str(tmp_path), "run")
+
+
+def test_only_folders_with_a_manifest_count(storage):
+    _fake_step(storage, 10, NEW, commit=True)
+    _fake_step(storage, 20, NEW, commit=False)
+    _fake_step(storage, 5, NEW, commit=True)
+    os.makedirs(storage.path("not_a_step"))
+    assert [d.step for d in committed_steps(storage)] == [10, 5]
+    manifest = read_manifest(storage, layout.StepDir(10, NEW))
+    assert manifest.world_size == 1 and set(manifest.files) == {"__0_0.distcp", ".metadata"}
+    assert read_manifest(storage, layout.StepDir(20, NEW)) is None
+
+
+def test_atomic_writes_leave_no_temporary_files(storage):
+    step_dir = _fake_step(storage, 10, NEW, commit=True)
+    assert sorted(os.listdir(storage.path(step_dir.name))) == [".metadata", "__0_0.distcp", "manifest.json"]
+
+
+def test_prune_keeps_newest_and_in_flight_and_removes_leftovers(storage):
+    for step in (10, 20, 30):
+        _fake_step(storage, step, NEW, commit=True)
+    leftover_old_session = _fake_step(storage, 40, OLD, commit=False)
+    abandoned = _fake_step(storage, 25, NEW, commit=False)
+    in_flight = _fake_step(storage, 40, NEW, commit=False)
+    deleted = prune(storage, num_to_keep=2, keep_session=NEW, newest_committed=layout.StepDir(30, NEW))
+    assert set(deleted) == {layout.StepDir(10, NEW), leftover_old_session, abandoned}
+    assert set(storage.list_step_dirs()) == {layout.StepDir(20, NEW), layout.StepDir(30, NEW), in_flight}
+
+
+def test_prune_without_a_session_removes_every_uncommitted_folder(storage):
+    _fake_step(storage, 10, NEW, commit=True)
+    _fake_step(storage, 20, NEW, commit=False)
+    prune(storage, num_to_keep=2, keep_session=None, newest_committed=layout.StepDir(10, NEW))
+    assert storage.list_step_dirs() == [layout.StepDir(10, NEW)]
+
+
+@pytest.mark.parametrize("edit, error", [
+    (lambda m: m.replace(b'"__0_0.distcp"', b'"../../x"'), UnsafeCheckpointError),
+    (lambda m: m.replace(b'"step": 10', b'"step": 11'), CheckpointCorruptError),
+    (lambda m: m[:20], CheckpointCorruptError),
+])
+def test_tampered_manifest_is_refused(storage, edit, error):
+    step_dir = _fake_step(storage, 10, NEW, commit=True)
+    path = storage.path(f"{step_dir.name}/manifest.json")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(edit(data))
+    with pytest.raises(error):
+        read_manifest(storage, step_dir)
+
+
+def test_manifest_round_trip():
+    manifest = Manifest(layout.StepDir(3, NEW), 2, {".metadata": FileDigest(1, 2)}, 12.5)
+    assert Manifest.parse(manifest.to_bytes(), layout.StepDir(3, NEW), path="p") == manifest
+
+
+def test_retrying_retries_transient_errors_only():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise StorageUnavailableError("s3://b/k", "write", "connection refused")
+        return "ok"
+    assert retrying(flaky, what="t", num_retries=3, backoff_s=0.01) == "ok" and len(calls) == 3
+
+    def denied():
+        calls.append(1)
+        raise StoragePermissionError("/x", "write", "EACCES")
+    calls.clear()
+    with pytest.raises(StoragePermissionError):
+        retrying(denied, what="t", num_retries=5, backoff_s=0.01)
+    assert len(calls) == 1
+
+
+@contextlib.contextmanager
+def tmpfs(size: str, *, read_only: bool = False):
+    """A real small file system (needs mount rights; skipped otherwise)."""
+    path = tempfile.mkdtemp(prefix="rr-tmpfs-")
+    options = f"size={size}" + (",ro" if read_only else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path], capture_output=True)
+    if done.returncode != 0:
+        os.rmdir(path)
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], check=False)
+        os.rmdir(path)
+
+
+def test_disk_full_names_the_path_and_keeps_the_committed_step():
+    with tmpfs("256k") as root:
+        storage = CheckpointStorage.for_run(root, "run")
+        committed = _fake_step(storage, 10, NEW, commit=True)
+        step_dir = layout.StepDir(20, NEW)
+        storage.make_dir(step_dir.name)
+        with pytest.raises(StorageFullError) as info:
+            with storage.open_output(f"{step_dir.name}/__0_0.distcp") as out:
+                out.write(b"x" * (1 << 20))
+        assert storage.path(f"{step_dir.name}/__0_0.distcp") in str(info.value)
+        assert "num_to_keep" in str(info.value) and not info.value.retryable
+        assert committed_steps(storage) == [committed]
+        assert read_manifest(storage, committed).files["__0_0.distcp"].size == 40
+
+
+def test_read_only_storage_is_a_permission_error_naming_the_path():
+    with tmpfs("1m", read_only=True) as root:
+        storage = CheckpointStorage.for_run(root, "run")
+        with pytest.raises(StoragePermissionError) as info:
+            storage.check_writable()
+        assert root in str(info.value) and "permissions" in str(info.value)
+
+
+def test_commit_queue_commits_steps_in_the_order_they_became_complete():
+    """The CI race: step 2 completes first but its thread is slow to commit; the thread that
+    completed step 4 drains first and must commit 2, then 4 (step 2 used to be skipped)."""
+    queue, order = CommitQueue(), []
+    assert not queue.arrive(NEW, 2, 0, 2, b"r0s2")
+    assert queue.arrive(NEW, 2, 1, 2, b"r1s2")  # complete: its thread has not drained yet
+    assert not queue.arrive(NEW, 4, 1, 2, b"r1s4")
+    assert queue.pending() == {f"{NEW}:2": "queued", f"{NEW}:4": [1]}
+    assert queue.arrive(NEW, 4, 0, 2, b"r0s4")
+    queue.drain(lambda key, shards: order.append((key, shards)))
+    assert order == [((NEW, 2), {0: b"r0s2", 1: b"r1s2"}), ((NEW, 4), {1: b"r1s4", 0: b"r0s4"})]
+    queue.drain(lambda key, shards: order.append(key))  # the late thread of step 2: nothing left
+    assert len(order) == 2 and queue.pending() == {}
+
+
+def test_commit_queue_steps_completed_during_a_commit_follow_it():
+    queue, order = CommitQueue(), []
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_commit(key, shards):
+        order.append(key[1])
+        if key[1] == 2:
+            entered.set()
+            assert release.wait(10)
+
+    queue.arrive(NEW, 2, 0, 1, b"a")
+    first = threading.Thread(target=queue.drain, args=(slow_commit,))
+    first.start()
+    assert entered.wait(10)
+    assert queue.pending() == {f"{NEW}:2": "committing"}
+    assert queue.arrive(NEW, 4, 0, 1, b"b") and queue.arrive(NEW, 6, 0, 1, b"c")
+    second = threading.Thread(target=queue.drain, args=(slow_commit,))
+    second.start()  # waits for the commit lock
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert order == [2, 4, 6]
+
+
+def test_commit_queue_new_session_drops_older_reports_not_yet_committing():
+    queue = CommitQueue()
+    queue.arrive(OLD, 3, 0, 2, b"x")
+    queue.arrive(OLD, 5, 0, 1, b"y")  # complete, queued
+    queue.arrive(NEW, 3, 1, 2, b"z")
+    queue.keep_only(NEW)
+    assert queue.pending() == {f"{NEW}:3": [1]}
+    committed = []
+    queue.drain(lambda key, shards: committed.append(key))
+    assert committed == []

@@ -1,0 +1,223 @@
+"""Checkpoint format without Ray: names, extra state, DCP layout, checksums, safe metadata."""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience._internal.checkpoint.format.commit import commit_step, read_manifest
+from ray_resilience._internal.checkpoint.format.dcp_metadata import build_metadata, dumps_metadata, loads_metadata
+from ray_resilience.checkpoint.errors import (
+    CheckpointCorruptError, CheckpointStateError, UnsafeCheckpointError)
+from ray_resilience._internal.checkpoint.format.extra_codec import decode_extra, encode_extra
+from ray_resilience._internal.checkpoint.format.readers import SafeLoadPlanner, StorageShardReader
+from ray_resilience._internal.checkpoint.format.shard_io import read_verified, write_shard
+from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, capture, state_dict_of
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.wire import SaveTicket
+from ray_resilience.examples.llama import build_model, causal_lm_loss
+
+pytestmark = pytest.mark.timeout(60)
+SESSION = "0123456789abcdef"
+
+
+# --- names ------------------------------------------------------------------------------------
+
+def test_step_dir_names_round_trip_and_sort_by_step():
+    names = [layout.step_dir_name(s, SESSION) for s in (7, 120, 3)]
+    parsed = sorted(layout.parse_step_dir(n) for n in names)
+    assert [d.step for d in parsed] == [3, 7, 120] and parsed[0].name == names[2]
+
+
+@pytest.mark.parametrize("name", ["..", "step_../..", "step_000000000001_../x", "step_1_0123456789abcdef",
+                                  "step_000000000001_0123456789ABCDEF", "tmp", "step_000000000001"])
+def test_foreign_folder_names_are_ignored(name):
+    assert layout.parse_step_dir(name) is None
+
+
+@pytest.mark.parametrize("name", ["../__0_0.distcp", "/etc/passwd", "a/__0_0.distcp", "__0_0.distcp/..",
+                                  "__x_0.distcp", "evil.pkl", ""])
+def test_file_names_from_storage_cannot_leave_the_step_folder(name):
+    with pytest.raises(UnsafeCheckpointError, match="not a checkpoint file name"):
+        layout.check_file_name(name, where="manifest")
+
+
+def test_bad_step_and_session_are_rejected():
+    with pytest.raises(ValueError, match="step"):
+        layout.step_dir_name(-1, SESSION)
+    with pytest.raises(UnsafeCheckpointError):
+        layout.step_dir_name(1, "../../etc")
+
+
+# --- extra state ------------------------------------------------------------------------------
+
+def test_extra_round_trips_values_and_tensors_exactly():
+    torch.manual_seed(3)
+    extra = {"rng": torch.get_rng_state(), "pos": 12345678901234, "lr": 3e-4, "nan": math.nan,
+             "name": "run", "none": None, "flags": [True, False], "pair": (1, "a"),
+             "nested": {"t": torch.randn(3, 4, dtype=torch.bfloat16), "empty": torch.zeros(0)}}
+    back = decode_extra(encode_extra(extra), path="x")
+    assert torch.equal(back["rng"], extra["rng"]) and back["rng"].dtype == torch.uint8
+    assert back["pos"] == extra["pos"] and back["lr"] == extra["lr"] and math.isnan(back["nan"])
+    assert back["pair"] == (1, "a") and isinstance(back["pair"], tuple) and back["flags"] == [True, False]
+    assert torch.equal(back["nested"]["t"], extra["nested"]["t"]) and back["nested"]["empty"].numel() == 0
+    torch.set_rng_state(back["rng"])  # usable as an RNG state
+
+
+def test_extra_tensors_are_copied_in_c_order_at_encode_time():
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    odd = {"t": base.t(), "grad": torch.ones(2, requires_grad=True), "mask": torch.tensor([True, False]),
+           "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(), "scalar": torch.tensor(7, dtype=torch.int16),
+           "neg": torch._neg_view(torch.tensor([1.0, -2.0])), "offset": torch.arange(10)[3:7]}
+    data = encode_extra(odd)
+    base.add_(100)  # a change after the save returned must not reach it
+    back = decode_extra(data, path="x")
+    assert torch.equal(back["t"], torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
+    assert torch.equal(back["grad"], torch.ones(2)) and not back["grad"].requires_grad
+    assert torch.equal(back["mask"], odd["mask"]) and back["scalar"].shape == () and int(back["scalar"]) == 7
+    assert torch.equal(back["conj"], torch.tensor([1 - 2j, 3 + 1j]))
+    assert torch.equal(back["neg"], torch.tensor([-1.0, 2.0])) and torch.equal(back["offset"], torch.arange(3, 7))
+
+
+@pytest.mark.parametrize("value, key", [
+    ({"data": {"pos": np.int64(3)}}, "data.pos"),
+    ({"x": object()}, "x"),
+    ({"d": {1: "a"}}, "d.1"),
+    ({"l": [1, {2, 3}]}, "l[1]"),
+])
+def test_extra_rejects_unsafe_values_naming_the_key(value, key):
+    with pytest.raises(TypeError) as info:
+        encode_extra(value)
+    assert isinstance(info.value, CheckpointStateError) and repr(key) in str(info.value)
+
+
+@pytest.mark.parametrize("mangle", [lambda b: b[:10], lambda b: b"X" + b[1:], lambda b: b[:-3]])
+def test_corrupt_extra_raises_naming_the_path(mangle):
+    data = encode_extra({"t": torch.arange(10)})
+    with pytest.raises(CheckpointCorruptError, match="some/path"):
+        decode_extra(mangle(data), path="some/path")
+
+
+# --- DCP layout, single process ---------------------------------------------------------------
+
+def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = build_model("tiny", seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(seed))
+    causal_lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int, extra: dict) -> layout.StepDir:
+    """The writer and coordinator steps for one rank, without actors."""
+    state = capture(model, optimizer)
+    items, planner_data = state.build_items()
+    tensors, blobs = state.sources(items)
+    buffers = StagingBuffers(items, tensors)
+    buffers.copy_now(tensors, list(range(len(tensors))))
+    ticket = SaveTicket(SESSION, step, 0, 1, items, [True] * len(items), planner_data, time.time())
+    payload = buffers.payload(blobs, encode_extra(extra))
+    files, written, infos = write_shard(storage, ticket, payload)
+    step_dir = layout.StepDir(step, SESSION)
+    metadata = build_metadata([(written, infos)], planner_data=planner_data,
+                              checkpoint_id=storage.display(step_dir.name), save_id=step_dir.name)
+    commit_step(storage, step_dir, world_size=1, metadata=dumps_metadata(metadata), files=files)
+    return step_dir
+
+
+def _flat(model, optimizer) -> dict[str, torch.Tensor]:
+    state = state_dict_of(model, optimizer)
+    out = {f"m.{k}": v for k, v in state["model"].items()}
+    for fqn, entry in state["optimizer"]["state"].items():
+        out.update({f"o.{fqn}.{k}": v for k, v in entry.items()})
+    return out
+
+
+@pytest.fixture
+def storage(tmp_path) -> CheckpointStorage:
+    return CheckpointStorage.for_run(str(tmp_path), "run")
+
+
+def test_stock_dcp_load_reads_our_checkpoint(storage):
+    model, optimizer = _trained(seed=1)
+    step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1})
+    fresh_model, fresh_optim = _trained(seed=2)
+    state = state_dict_of(fresh_model, fresh_optim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=storage.path(step_dir.name))
+    expected = _flat(model, optimizer)
+    got = {f"m.{k}": v for k, v in state["model"].items()}
+    got.update({f"o.{f}.{k}": v for f, e in state["optimizer"]["state"].items() for k, v in e.items()})
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    assert state["optimizer"]["param_groups"][0]["lr"] == 1e-2
+
+
+def test_safe_reader_loads_and_checks_every_file(storage):
+    model, optimizer = _trained(seed=1)
+    step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1})
+    manifest = read_manifest(storage, step_dir)
+    assert set(manifest.files) == {"__0_0.distcp", "__0_extra.json", ".metadata"}
+    fresh_model, fresh_optim = _trained(seed=2)
+    state = state_dict_of(fresh_model, fresh_optim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, storage_reader=StorageShardReader(storage, manifest), planner=SafeLoadPlanner(),
+                 no_dist=True)
+    assert torch.equal(state["model"]["output.weight"], model.state_dict()["output.weight"])
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_damaged_shard_is_reported_with_its_path(storage, damage):
+    model, optimizer = _trained(seed=1)
+    step_dir = write_single_rank(storage, model, optimizer, 10, {})
+    manifest = read_manifest(storage, step_dir)
+    path = storage.path(f"{step_dir.name}/__0_0.distcp")
+    if damage == "delete":
+        os.remove(path)
+    else:
+        with open(path, "r+b") as f:
+            if damage == "flip":
+                f.seek(1000)
+                byte = f.read(1)
+                f.seek(1000)
+                f.write(bytes([byte[0] ^ 0xFF]))
+            else:
+                f.truncate(100)
+    with pytest.raises(CheckpointCorruptError) as info:
+        read_verified(storage, step_dir.name, "__0_0.distcp", manifest.files["__0_0.distcp"])
+    assert path in str(info.value)
+
+
+# --- metadata safety --------------------------------------------------------------------------
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/rr-pwned",))
+
+
+def test_metadata_unpickler_refuses_foreign_globals():
+    with pytest.raises(UnsafeCheckpointError, match="posix.system|os.system"):
+        loads_metadata(pickle.dumps(_Exploit()), path="step/.metadata")
+    assert not os.path.exists("/tmp/rr-pwned")
+
+
+def test_metadata_with_escaping_path_is_refused(storage):
+    model, optimizer = _trained(seed=1)
+    step_dir = write_single_rank(storage, model, optimizer, 10, {})
+    md = loads_metadata(storage.read_bytes(f"{step_dir.name}/.metadata"), path="ok")
+    index = next(iter(md.storage_data))
+    md.storage_data[index].relative_path = "../../../etc/passwd"
+    with pytest.raises(UnsafeCheckpointError, match="etc/passwd"):
+        loads_metadata(dumps_metadata(md), path="tampered")

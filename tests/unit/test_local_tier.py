@@ -1,0 +1,241 @@
+"""The local tier (`local_tier.py`): per-step snapshots in node-local shared memory.
+
+One process, no Ray: a plain model and AdamW, restored through the loader's local path
+(`_local_offer`, `_newest_common`, `_try_local`, `_apply`). The FSDP2 runs with real faults
+(`test_inprocess.py`, `test_respawn.py`) check that restarts resume from here, bit-exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import pytest
+import torch
+
+from ray_resilience.checkpoint import CheckpointConfig
+from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra
+from ray_resilience._internal.checkpoint.rank.loader import LoadTarget, _apply, _local_offer, _newest_common, _try_local
+from ray_resilience._internal.checkpoint.format.local_roots import LOCK_NAME, RootLock, remove_stale_roots, run_root
+from ray_resilience._internal.checkpoint.rank.local_tier import HEADER_BYTES, LocalSnapshots
+from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+from ray_resilience.errors import ConfigError
+from ray_resilience.examples.llama import build_model, causal_lm_loss
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(seed))
+    causal_lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = build_model("tiny", seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _step(model, optimizer, 1)
+    return model, optimizer
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    out = {f"p.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    for i, entry in enumerate(optimizer.state.values()):
+        out.update({f"o.{i}.{k}": v.clone() for k, v in entry.items() if torch.is_tensor(v)})
+    return out
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _restore(store: LocalSnapshots, model, optimizer):
+    target = LoadTarget(rank=store.rank, storage=None, coordinator=None, memory_tier=False,
+                        model=model, optimizer=optimizer, local=store)
+    offer, own = _local_offer(target)
+    key = _newest_common([offer])
+    if key is None:
+        return None
+    state, loaded, error = _try_local(target, key, own)
+    assert error is None, error
+    _apply(model, optimizer, state)
+    store.keep_only(*key)
+    return loaded
+
+
+def test_restores_the_newest_step_bit_for_bit_and_alternates_files(tmp_path):
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=None), StateCache()
+    expected = {}
+    for step in (1, 2, 3):
+        _step(model, optimizer, step + 10)
+        assert store.save(step, "s1", cache.source(model, optimizer), encode_extra({"step": step}))
+        expected[step] = _state(model, optimizer)
+    assert sorted(store.available(None)) == [("s1", 2), ("s1", 3)]  # two files, newest two steps
+    _step(model, optimizer, 99)  # training moves on after the snapshot: must not reach it
+    assert not _equal(_state(model, optimizer), expected[3])
+
+    # A respawned process: fresh objects, a new LocalSnapshots over the same files.
+    fresh_model, fresh_opt = _trained(seed=5)
+    loaded = _restore(LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=None), fresh_model, fresh_opt)
+    assert (loaded.step, loaded.tier, loaded.extra["step"]) == (3, "local", 3)
+    assert _equal(_state(fresh_model, fresh_opt), expected[3])
+
+
+def test_a_torn_file_is_never_offered_and_the_other_step_is(tmp_path):
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
+    for step in (1, 2):
+        _step(model, optimizer, step)
+        store.save(step, "s", cache.source(model, optimizer), b"")
+    at_1 = _state(model, optimizer)  # step 2's values; step 1's file gets torn below
+    # What a SIGKILL in the middle of writing step 3 leaves: the header marked "writing".
+    path = tmp_path / "rank0.0"
+    with open(path, "r+b") as f:
+        header = json.dumps({"format": "ray_resilience.local/1", "state": "writing"}).encode()
+        f.write(len(header).to_bytes(8, "little") + header)
+    assert store.available(None) == [("s", 2)]
+    # A header cut short (killed inside the header write) is not offered either.
+    with open(tmp_path / "rank0.1", "r+b") as f:
+        f.seek(20)
+        f.write(b"\0" * 10)
+    assert store.available(None) == []
+    fresh_model, fresh_opt = _trained(seed=3)
+    assert _restore(LocalSnapshots(str(tmp_path), 0, max_bytes=None), fresh_model, fresh_opt) is None
+    assert not _equal(_state(fresh_model, fresh_opt), at_1)
+
+
+def test_another_shard_layout_is_not_offered(tmp_path):
+    model, optimizer = _trained()
+    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
+    store.save(1, "s", StateCache().source(model, optimizer), b"")
+    other_model, other_opt = torch.nn.Linear(4, 4), None
+    target = LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=False,
+                        model=other_model, optimizer=other_opt, local=store)
+    assert _local_offer(target)[0] == []
+    assert store.available(None) == [("s", 1)]  # still there for a rank with the right layout
+
+
+def test_keep_only_invalidates_the_abandoned_timeline(tmp_path):
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
+    for step in (4, 5):
+        store.save(step, "old", cache.source(model, optimizer), b"")
+    store.keep_only("old", 4)
+    assert store.available(None) == [("old", 4)]
+    store.save(5, "new", cache.source(model, optimizer), b"")  # takes the freed file
+    assert sorted(store.available(None)) == [("new", 5), ("old", 4)]
+    store.keep_only(None, None)
+    assert store.available(None) == []
+
+
+def test_ranks_agree_on_the_newest_step_every_rank_holds():
+    assert _newest_common([[("a", 7), ("a", 6)], [("a", 6), ("a", 5)]]) == ("a", 6)
+    assert _newest_common([[("a", 7)], []]) is None
+    assert _newest_common([[("a", 7)], [("b", 7)]]) is None  # another timeline's step 7
+
+
+def test_a_state_over_the_cap_skips_the_tier_without_writing(tmp_path, caplog):
+    model, optimizer = _trained()
+    store = LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=1024)
+    with caplog.at_level(logging.INFO, logger="ray_resilience._internal.checkpoint.rank.local_tier"):
+        assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
+    assert "local_max_bytes=1024" in store.disabled and "local_max_bytes=1024" in caplog.text
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unwritable_folder_turns_the_tier_off_with_a_warning(tmp_path, caplog):
+    model, optimizer = _trained()
+    (tmp_path / "file").write_text("not a folder")
+    store = LocalSnapshots(str(tmp_path / "file" / "run"), 0, max_bytes=None)
+    with caplog.at_level(logging.WARNING, logger="ray_resilience._internal.checkpoint.rank.local_tier"):
+        assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
+        assert not store.save(2, "s", StateCache().source(model, optimizer), b"")
+    assert "file/run" in store.disabled and caplog.text.count("local snapshot tier off") == 1
+
+
+def test_a_full_tmpfs_is_found_before_any_data_is_written(tmp_path, monkeypatch):
+    model, optimizer = _trained()
+    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
+
+    def no_space(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
+    assert "No space left" in store.disabled
+    assert not any(p.name.startswith("rank0.") for p in tmp_path.iterdir())  # removed
+
+
+def test_writer_locks_keep_live_runs_and_clean_up_dead_ones(tmp_path):
+    parent = tmp_path / "ray_resilience"
+    live = RootLock(run_root(str(tmp_path), "live run/1", "aa"))
+    assert os.path.basename(live.root) == "live_run_1-aa"
+    dead = parent / "dead-bb"
+    dead.mkdir()
+    (dead / LOCK_NAME).touch()  # its writer is gone: nobody holds the lock
+    (dead / "rank0.0").write_bytes(b"x" * HEADER_BYTES)
+    young, old = parent / "young-cc", parent / "old-dd"
+    young.mkdir()
+    old.mkdir()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))  # no lock, an hour old
+    removed = remove_stale_roots(str(parent))
+    assert sorted(map(os.path.basename, removed)) == ["dead-bb", "old-dd"]
+    assert os.path.isdir(live.root) and young.is_dir()
+    RootLock(run_root(str(tmp_path), "second", "ee"))  # a new writer never removes a live root
+    assert os.path.isdir(live.root)
+    live.remove()
+    assert not os.path.exists(live.root)
+
+
+@pytest.mark.parametrize(("field", "value"), [("local_interval_steps", -1), ("local_interval_steps", 1.5),
+                                              ("local_dir", "shm"), ("local_max_bytes", -5)])
+def test_bad_local_settings_name_the_setting(field, value):
+    with pytest.raises(ConfigError, match=f"CheckpointConfig.{field}"):
+        CheckpointConfig(interval_steps=5, **{field: value})
+    CheckpointConfig(interval_steps=5, local_interval_steps=0, local_dir="ignored when off")
+
+
+def test_a_header_claiming_more_than_the_file_holds_is_refused_before_reading(tmp_path):
+    model, optimizer = _trained()
+    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
+    store.save(1, "s", StateCache().source(model, optimizer), b"")
+    path = tmp_path / "rank0.0"
+    raw = path.read_bytes()[:HEADER_BYTES]
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header["extra"] = 2**40  # would allocate 1 TiB if believed
+    data = json.dumps(header).encode()
+    with open(path, "r+b") as f:
+        f.write(len(data).to_bytes(8, "little") + data)
+    target = LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=False,
+                        model=model, optimizer=optimizer, local=store)
+    offer, own = _local_offer(target)
+    assert offer == [("s", 1)]
+    _, loaded, error = _try_local(target, ("s", 1), own)
+    assert loaded is None and "unreadable" in error
+
+
+class _Killed(BaseException):
+    """Stands in for a process killed (or an abort raised into the thread) mid-write."""
+
+
+def test_a_write_cut_short_leaves_its_file_marked_incomplete(tmp_path, monkeypatch):
+    from ray_resilience._internal.checkpoint.rank import local_tier
+
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
+    for step in (1, 2):
+        store.save(step, "s", cache.source(model, optimizer), b"")
+    real = local_tier._write_all
+
+    def half_then_killed(fd, buffers, offset):
+        real(fd, buffers[: len(buffers) // 2], offset)
+        raise _Killed
+
+    monkeypatch.setattr(local_tier, "_write_all", half_then_killed)
+    with pytest.raises(_Killed):
+        store.save(3, "s", cache.source(model, optimizer), b"")  # overwrites step 1's file
+    assert store.available(None) == [("s", 2)]  # not step 1's old header over half of step 3
