@@ -1,13 +1,15 @@
 """cluster_configs/ manifests validate clean, and each validator rule catches its broken copy.
 
-A broken copy mutates the parsed YAML of a real, passing manifest in exactly one way. CRDs come
-from `<repo>/../shared/kuberay/crds` (KubeRay v1.7.0), parsed once by the validator's cache.
+A broken copy mutates the parsed YAML of a real, passing manifest in exactly one way. CRDs are the
+packaged KubeRay v1.7.0 copies (`ray_resilience/deploy/crds/`), parsed once by the validator's cache.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,13 +18,14 @@ import pytest
 import yaml
 
 from ray_resilience.deploy import ManifestProblem, Rule, main, validate_dir, validate_manifest_file
+from ray_resilience.deploy.command import CRD_DIR_ENV_VAR, PACKAGED_CRD_DIR, default_crd_dir
 from ray_resilience.deploy.entrypoint import parse_entrypoint
 from ray_resilience.deploy.schemas import load_crd_schemas, strict_schema
 from ray_resilience.deploy.validate import validate_resources
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "cluster_configs"
-CRD_DIR = REPO.parent / "shared" / "kuberay" / "crds"
+CRD_DIR = Path(PACKAGED_CRD_DIR)
 MANIFESTS = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 WORKER = ["spec", "rayClusterSpec", "workerGroupSpecs", 0]
 HEAD = ["spec", "rayClusterSpec", "headGroupSpec"]
@@ -32,9 +35,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="session")
 def crd_dir() -> str:
-    """The CRD folder, parsed once (the validator caches it); fail loudly if it is missing."""
-    if not CRD_DIR.is_dir():
-        pytest.fail(f"KubeRay CRDs missing at {CRD_DIR}: copy shared/ beside the repository")
+    """The packaged CRD folder, parsed once (the validator caches it)."""
     load_crd_schemas(str(CRD_DIR.resolve()))
     return str(CRD_DIR)
 
@@ -62,6 +63,19 @@ def check(docs: list[dict[str, Any]], jobs_dir: str, crd_dir: str) -> list[Manif
 
 def show(problems: list[ManifestProblem]) -> str:
     return "\n".join(str(p) for p in problems) or "no problems"
+
+
+def test_packaged_crds_are_the_recorded_kuberay_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Byte-identical to KubeRay v1.7.0: every CRD file matches the sha256 in crds/SOURCE.md."""
+    source = (CRD_DIR / "SOURCE.md").read_text()
+    recorded = dict(re.findall(r"^\| `([^`]+\.yaml)` \| [\d,]+ \| ([0-9a-f]{64}) \|$", source, re.M))
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in CRD_DIR.glob("*.yaml")}
+    assert files == recorded and len(files) == 3, (files, recorded)
+    assert CRD_DIR.is_relative_to(REPO / "ray_resilience")  # package data, not a sibling folder
+    monkeypatch.delenv(CRD_DIR_ENV_VAR, raising=False)
+    assert default_crd_dir() == PACKAGED_CRD_DIR
+    monkeypatch.setenv(CRD_DIR_ENV_VAR, "/elsewhere")
+    assert default_crd_dir() == "/elsewhere"
 
 
 @pytest.mark.parametrize("name", MANIFESTS)

@@ -15,18 +15,13 @@ from ray_resilience.deploy.schemas import DEFAULT_KUBERNETES_VERSION
 from ray_resilience.deploy.validate import validate_dir, validate_manifest_file
 
 CRD_DIR_ENV_VAR = "RAY_RESILIENCE_KUBERAY_CRD_DIR"
-# In a source checkout the CRDs sit beside the repository: <repo>/../shared/kuberay/crds.
-_CHECKOUT_CRD_DIR = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "kuberay", "crds"
-)
+# KubeRay v1.7.0's CRDs, shipped as package data (provenance and checksums in crds/SOURCE.md).
+PACKAGED_CRD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crds")
 
 
-def default_crd_dir() -> str | None:
-    """$RAY_RESILIENCE_KUBERAY_CRD_DIR, else the CRDs beside a source checkout, else None."""
-    env = os.environ.get(CRD_DIR_ENV_VAR)
-    if env:
-        return env
-    return os.path.normpath(_CHECKOUT_CRD_DIR) if os.path.isdir(_CHECKOUT_CRD_DIR) else None
+def default_crd_dir() -> str:
+    """$RAY_RESILIENCE_KUBERAY_CRD_DIR if set, else the packaged KubeRay v1.7.0 CRDs."""
+    return os.environ.get(CRD_DIR_ENV_VAR) or PACKAGED_CRD_DIR
 
 
 def main(argv: list[str]) -> int:
@@ -43,21 +38,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--crd-dir",
         default=default_crd_dir(),
-        help=f"KubeRay CRD folder (default: ${CRD_DIR_ENV_VAR})",
+        help=f"KubeRay CRD folder (default: ${CRD_DIR_ENV_VAR}, else the packaged v1.7.0 CRDs)",
     )
     parser.add_argument("--kubernetes-version", default=DEFAULT_KUBERNETES_VERSION)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    if not args.crd_dir:
-        parser.print_usage(sys.stderr)
-        print(
-            f"error: pass --crd-dir or set ${CRD_DIR_ENV_VAR} to the KubeRay v1.7.0 CRD folder "
-            "(helm-chart/kuberay-operator/crds)",
-            file=sys.stderr,
-        )
-        return 2
     problems: list[ManifestProblem] = []
     try:
         for path in args.paths:
