@@ -10,6 +10,7 @@ import copy
 import functools
 import hashlib
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
+from ray_resilience import cli
 from ray_resilience.deploy import ManifestProblem, Rule, main, validate_dir, validate_manifest_file
-from ray_resilience.deploy.command import CRD_DIR_ENV_VAR, PACKAGED_CRD_DIR, default_crd_dir
+from ray_resilience.deploy.command import (
+    CRD_DIR_ENV_VAR,
+    JOBS_DIR_ENV_VAR,
+    PACKAGED_CRD_DIR,
+    default_crd_dir,
+)
 from ray_resilience.deploy.entrypoint import parse_entrypoint
 from ray_resilience.deploy.schemas import load_crd_schemas, strict_schema
 from ray_resilience.deploy.validate import validate_resources
@@ -220,6 +227,32 @@ def test_cli_usage_errors_exit_two(tmp_path: Path, capsys: Any) -> None:
     assert "no CustomResourceDefinition" in capsys.readouterr().err
     assert main([str(CONFIGS), "--crd-dir", str(CRD_DIR), "--jobs-dir", str(tmp_path / "x")]) == 2
     assert main([]) == 2
+
+
+def test_cli_finds_the_jobs_folder_beside_the_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """From any working directory: <repo>/cluster_configs is checked against <repo>/jobs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(JOBS_DIR_ENV_VAR, raising=False)
+    assert main([str(CONFIGS)]) == 0, capsys.readouterr()
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / EKS).write_text((CONFIGS / EKS).read_text())
+    assert main([str(tmp_path / "manifests")]) == 2  # no jobs/ anywhere: cannot check scripts
+    assert "--jobs-dir" in capsys.readouterr().err
+
+
+def test_missing_deploy_extra_is_a_one_line_install_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Without kubernetes-validate the command says which extra to install (exit 2), no traceback."""
+    for name in [m for m in sys.modules if m.split(".")[:2] == ["ray_resilience", "deploy"]]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # import raises ModuleNotFound
+    assert cli.main(["validate-manifests", str(CONFIGS)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'kubernetes_validate'" in err, err
+    assert "pip install 'ray_resilience[deploy]'" in err, err
 
 
 def test_strict_schema_closes_objects_but_keeps_open_ones_open() -> None:
