@@ -12,7 +12,7 @@ import sys
 
 from ray_resilience.deploy.problems import ManifestProblem, ManifestValidationError
 from ray_resilience.deploy.schemas import DEFAULT_KUBERNETES_VERSION
-from ray_resilience.deploy.validate import validate_dir, validate_manifest_file
+from ray_resilience.deploy.validate import manifest_files, validate_files
 
 CRD_DIR_ENV_VAR = "RAY_RESILIENCE_KUBERAY_CRD_DIR"
 JOBS_DIR_ENV_VAR = "RAY_RESILIENCE_JOBS_DIR"
@@ -63,19 +63,22 @@ def main(argv: list[str]) -> int:
         return int(exit_.code or 0)
     jobs_dir = args.jobs_dir or default_jobs_dir(args.paths)
     if jobs_dir is None:
-        print(f"error: no jobs/ folder found (${JOBS_DIR_ENV_VAR}, ./jobs, or beside the "
-              "manifest folder); pass --jobs-dir", file=sys.stderr)
+        print(
+            f"error: no jobs/ folder found (${JOBS_DIR_ENV_VAR}, ./jobs, or beside the "
+            "manifest folder); pass --jobs-dir",
+            file=sys.stderr,
+        )
         return 2
     problems: list[ManifestProblem] = []
     try:
-        for path in args.paths:
-            check = validate_dir if os.path.isdir(path) else validate_manifest_file
-            problems += check(
-                path,
-                jobs_dir=jobs_dir,
-                crd_dir=args.crd_dir,
-                kubernetes_version=args.kubernetes_version,
-            )
+        # One set: a claim in one file serves the RayJob in another.
+        files = [f for p in args.paths for f in (manifest_files(p) if os.path.isdir(p) else [p])]
+        problems = validate_files(
+            files,
+            jobs_dir=jobs_dir,
+            crd_dir=args.crd_dir,
+            kubernetes_version=args.kubernetes_version,
+        )
     except ManifestValidationError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
