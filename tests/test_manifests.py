@@ -25,6 +25,7 @@ from ray_resilience.deploy import (
     Rule,
     main,
     validate_dir,
+    validate_files,
     validate_manifest_file,
 )
 from ray_resilience.deploy.command import (
@@ -77,6 +78,10 @@ def job(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return next(d for d in docs if d["kind"] == "RayJob")
 
 
+def policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == "NetworkPolicy")
+
+
 def check(docs: list[dict[str, Any]], jobs_dir: str, crd_dir: str) -> list[ManifestProblem]:
     return validate_resources(docs, source="broken.yaml", jobs_dir=jobs_dir, crd_dir=crd_dir)
 
@@ -120,6 +125,21 @@ def _set(path: list[Any], value: Any) -> Callable[[list[dict[str, Any]]], None]:
     return mutate
 
 
+def _rename(name: str) -> Callable[[list[dict[str, Any]]], None]:
+    """Rename the RayJob, and its name in the NetworkPolicy's submitter rule with it."""
+
+    def mutate(docs: list[dict[str, Any]]) -> None:
+        old = job(docs)["metadata"]["name"]
+        job(docs)["metadata"]["name"] = name
+        for rule in policy(docs)["spec"]["ingress"]:
+            for peer in rule["from"]:
+                labels = peer.get("podSelector", {}).get("matchLabels", {})
+                if labels.get("ray.io/originated-from-cr-name") == old:
+                    labels["ray.io/originated-from-cr-name"] = name
+
+    return mutate
+
+
 def _entry(old: str, new: str) -> Callable[[list[dict[str, Any]]], None]:
     def mutate(docs: list[dict[str, Any]]) -> None:
         assert old in job(docs)["spec"]["entrypoint"]
@@ -136,6 +156,7 @@ H_CONT, W_CONT = [*H_POD, "containers", 0], [*W_POD, "containers", 0]
 H_INIT = [*H_POD, "initContainers", 0]
 SUBMITTER_POD = ["spec", "submitterPodTemplate", "spec"]
 EKS, CPU, ENTRY = "rayjob-eks-p5.yaml", "rayjob-cpu-small.yaml", "spec.entrypoint"
+LABELS = "headGroupSpec.template.metadata.labels"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documentation example
 
 
@@ -157,6 +178,14 @@ def _command(old: str, new: str) -> Callable[[list[dict[str, Any]]], None]:
     return mutate
 
 
+def _on_policy(change: Callable[[dict[str, Any]], Any]) -> Callable[[list[dict[str, Any]]], None]:
+    return lambda docs: change(policy(docs)["spec"])
+
+
+def _without_policy(docs: list[dict[str, Any]]) -> None:
+    docs.remove(policy(docs))
+
+
 BROKEN = [
     # (id, manifest, mutation, rule, a substring of the problem's yaml_path)
     ("deep-unknown-field", EKS, _set([*W_POD, "containers", 0, "resourcez"], {}),
@@ -170,8 +199,8 @@ BROKEN = [
     ("unknown-group", EKS, _set(["apiVersion"], "example.com/v1"), Rule.UNKNOWN_KIND, "kind"),
     ("pvc-unknown-field", "fsx-storage.yaml", lambda d: d[1]["spec"].update(storageClass="x"),
      Rule.K8S_SCHEMA, "spec"),
-    ("name-too-long", EKS, _set(["metadata", "name"], "l" * 48), Rule.NAME, "metadata.name"),
-    ("name-not-dns1035", EKS, _set(["metadata", "name"], "Llama3_8B"), Rule.NAME, "metadata.name"),
+    ("name-too-long", EKS, _rename("l" * 48), Rule.NAME, "metadata.name"),
+    ("name-not-dns1035", EKS, _rename("Llama3_8B"), Rule.NAME, "metadata.name"),
     ("ttl-without-shutdown", EKS, _set(["spec", "shutdownAfterJobFinishes"], False),
      Rule.JOB_LIFECYCLE, "spec.ttlSecondsAfterFinished"),
     ("zero-deadline", EKS, _set(["spec", "activeDeadlineSeconds"], 0),
@@ -211,6 +240,25 @@ BROKEN = [
      Rule.TOKEN_AUTH, "rayVersion"),
     ("token-auth-env-override", EKS, _add([*W_CONT, "env"], {"name": "RAY_AUTH_MODE",
      "value": "disabled"}), Rule.TOKEN_AUTH, "containers[0].env[5].value"),
+    # NetworkPolicy
+    ("network-policy-missing", EKS, _without_policy, Rule.NETWORK_POLICY, LABELS),
+    ("network-policy-by-cluster-name", EKS, _on_policy(lambda p: p.update(podSelector={
+     "matchLabels": {"ray.io/cluster": "llama3-8b-fsdp-p5"}})), Rule.NETWORK_POLICY, LABELS),
+    ("network-policy-egress-only", CPU, _on_policy(lambda p: p.update(policyTypes=["Egress"])),
+     Rule.NETWORK_POLICY, LABELS),
+    ("network-policy-any-namespace", EKS, _on_policy(lambda p: p["ingress"].append({
+     "from": [{"namespaceSelector": {}}], "ports": [{"port": 8265}]})), Rule.NETWORK_POLICY,
+     "spec.ingress[4].from[0]"),
+    ("network-policy-allow-all", CPU, _on_policy(lambda p: p["ingress"].append({})),
+     Rule.NETWORK_POLICY, "spec.ingress[3]"),
+    ("network-policy-ip-block", EKS, _on_policy(lambda p: p["ingress"].append({"from": [{
+     "ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": "client"}]})),
+     Rule.NETWORK_POLICY, "spec.ingress[4].from[0].ipBlock"),
+    ("network-policy-shuts-out-workers", EKS, _on_policy(lambda p: p["ingress"][0].update(
+     {"from": [{"podSelector": {"matchLabels": {"ray.io/node-type": "head"}}}]})),
+     Rule.NETWORK_POLICY, LABELS),
+    ("network-policy-shuts-out-submitter", CPU, _on_policy(lambda p: p["ingress"].pop(1)),
+     Rule.NETWORK_POLICY, LABELS),
     # containers
     ("runs-as-root", EKS, _set([*W_POD, "securityContext", "runAsUser"], 0), Rule.NON_ROOT,
      "containers[0].securityContext.runAsUser"),
@@ -374,13 +422,57 @@ def test_raycluster_and_rayservice_get_cluster_rules(crd_dir: str, stub_jobs_dir
                "spec": copy.deepcopy(spec)}  # fmt: skip
     service = {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "svc"},
                "spec": {"rayClusterConfig": copy.deepcopy(spec)}}  # fmt: skip
-    assert check([cluster, service], stub_jobs_dir, crd_dir) == []
+    # The EKS job's NetworkPolicy selects their pods too: same pod template labels.
+    network_policy = policy(load(EKS))
+    assert check([cluster, service, network_policy], stub_jobs_dir, crd_dir) == []
     cluster["metadata"]["name"] += "c"  # 54 > 53
     service["spec"]["rayClusterConfig"]["headGroupSpec"]["serviceType"] = "LoadBalancer"
-    problems = check([cluster, service], stub_jobs_dir, crd_dir)
+    problems = check([cluster, service, network_policy], stub_jobs_dir, crd_dir)
     assert [(p.resource.split("/")[0], p.rule) for p in problems] == [
         ("RayCluster", Rule.NAME), ("RayService", Rule.DASHBOARD)
     ], show(problems)
+
+
+def test_network_policy_selects_a_raycluster_by_name_but_not_a_rayjob(
+    crd_dir: str, stub_jobs_dir: str
+) -> None:
+    """ray.io/cluster is the name of a RayCluster, but a random one for a RayJob's cluster."""
+    spec = copy.deepcopy(job(load(EKS))["spec"]["rayClusterSpec"])
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "train"},
+               "spec": spec}  # fmt: skip
+    by_name = {"matchLabels": {"ray.io/cluster": "train"}}
+    netpol = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+              "metadata": {"name": "train-head"},
+              "spec": {"podSelector": {"matchExpressions": [
+                           {"key": "ray.io/cluster", "operator": "In", "values": ["train"]},
+                           {"key": "ray.io/node-type", "operator": "NotIn", "values": ["worker"]}]},
+                       "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": by_name}]}]}}  # fmt: skip
+    assert check([cluster, netpol], stub_jobs_dir, crd_dir) == []
+    rayjob = load(EKS)
+    rayjob.remove(policy(rayjob))
+    (problem,) = check([*rayjob, netpol], stub_jobs_dir, crd_dir)
+    assert problem.rule is Rule.NETWORK_POLICY and problem.resource.startswith("RayJob/")
+    assert "generated by KubeRay for a RayJob" in problem.message, show([problem])
+    netpol["spec"]["podSelector"]["matchExpressions"][1]["values"] = ["head"]  # NotIn head
+    (problem,) = check([cluster, netpol], stub_jobs_dir, crd_dir)
+    assert "ray.io/node-type is 'head' on the head pod" in problem.message, show([problem])
+
+
+def test_network_policy_in_another_file_counts(tmp_path: Path, crd_dir: str, capsys: Any) -> None:
+    """Files given together are one set; a RayJob file alone lacks its policy."""
+    docs = load(CPU)
+    (tmp_path / "netpol.yaml").write_text(yaml.safe_dump(policy(docs)))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(docs)))
+    files = [str(tmp_path / "job.yaml"), str(tmp_path / "netpol.yaml")]
+    jobs_dir = str(REPO / "jobs")
+    assert validate_files(files, jobs_dir=jobs_dir, crd_dir=crd_dir) == []
+    assert validate_dir(str(tmp_path), jobs_dir=jobs_dir, crd_dir=crd_dir) == []
+    assert main([*files, "--jobs-dir", jobs_dir]) == 0
+    (problem,) = validate_manifest_file(files[0], jobs_dir=jobs_dir, crd_dir=crd_dir)
+    assert problem.rule is Rule.NETWORK_POLICY
+    assert main([files[0], "--jobs-dir", jobs_dir]) == 1
+    assert "rule network-policy" in capsys.readouterr().out
 
 
 def test_workload_kinds_get_the_container_rules(crd_dir: str, stub_jobs_dir: str) -> None:

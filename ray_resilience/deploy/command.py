@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         return 2
     problems: list[ManifestProblem] = []
     try:
-        # One set: a claim in one file serves the RayJob in another.
+        # One set: a NetworkPolicy or claim in one file serves the RayJob in another.
         files = [f for p in args.paths for f in (manifest_files(p) if os.path.isdir(p) else [p])]
         problems = validate_files(
             files,

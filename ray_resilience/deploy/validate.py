@@ -4,8 +4,8 @@
 name the operator later rejects, or whose checkpoints would vanish with a pod. This module runs,
 per YAML document: the strict CRD schema (custom kinds) or the strict Kubernetes schema (built-in
 kinds), then the operator's reconcile-time rules, the job rules that make a RayJob resumable, and
-the security rules (token auth, container hardening, no credentials). Files given together are
-one set: a claim in one file serves the RayJob of another.
+the security rules (token auth, NetworkPolicy, container hardening, no credentials). Files given
+together are one set: a claim or NetworkPolicy in one file serves the RayJob of another.
 
     python -m ray_resilience validate-manifests cluster_configs/
 """
@@ -21,6 +21,12 @@ from typing import Any
 import yaml
 
 from ray_resilience.deploy.job_rules import job_problems
+from ray_resilience.deploy.network_rules import (
+    Policy,
+    cluster_network_problems,
+    policies_in,
+    policy_problems,
+)
 from ray_resilience.deploy.problems import (
     DocContext,
     ManifestProblem,
@@ -98,7 +104,8 @@ def validate_resources(
     """Validate parsed YAML documents as if they were read from `source` (used for reports).
 
     `alongside`: every document validated together with these (default: `docs`). Ray pods may
-    only use PersistentVolumeClaims declared there (when any are).
+    only use PersistentVolumeClaims declared there (when any are), and the NetworkPolicies there
+    must restrict each Ray head.
     """
     _check_dir(jobs_dir, "jobs_dir", "--jobs-dir: the folder holding the job scripts")
     crds = load_crd_schemas(os.path.realpath(crd_dir))
@@ -118,8 +125,8 @@ def validate_files(
     crd_dir: str,
     kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
 ) -> list[ManifestProblem]:
-    """Every problem in these manifest files, validated as one set: a claim in one file counts
-    for the Ray resources of the others (an empty list means all are valid)."""
+    """Every problem in these manifest files, validated as one set: a claim or NetworkPolicy in
+    one file counts for the Ray resources of the others (an empty list means all are valid)."""
     loaded = [(path, *load_documents(path)) for path in paths]
     alongside = [d for _, docs, _ in loaded for d in docs]
     problems: list[ManifestProblem] = []
@@ -172,6 +179,8 @@ class _Related:
     """What the rules look up across the documents validated together."""
 
     claims: set[str]
+    policies: list[Policy]
+    ray_docs: list[dict[str, Any]]
 
     @classmethod
     def of(cls, docs: Sequence[Any]) -> _Related:
@@ -182,6 +191,8 @@ class _Related:
                 for d in shaped
                 if d.get("kind") == "PersistentVolumeClaim" and "name" in d["metadata"]
             },
+            policies=policies_in(shaped),
+            ray_docs=[d for d in shaped if d.get("kind") in NAME_LIMITS],
         )
 
 
@@ -217,6 +228,7 @@ def _ray_rules(
         return []
     problems = operator_problems(ctx, doc) + claim_problems(ctx, doc, related.claims)
     problems += security_problems(ctx, doc)
+    problems += cluster_network_problems(ctx, doc, related.policies)
     if doc["kind"] == "RayJob":
         problems += job_problems(ctx, doc, jobs_dir)
     return problems
@@ -225,7 +237,10 @@ def _ray_rules(
 def _builtin_rules(
     ctx: DocContext, doc: dict[str, Any], related: _Related
 ) -> list[ManifestProblem]:
-    return security_problems(ctx, doc)
+    problems = security_problems(ctx, doc)
+    if doc["kind"] == "NetworkPolicy":
+        problems += policy_problems(ctx, doc, related.ray_docs)
+    return problems
 
 
 def _shape_problem(ctx: DocContext, doc: Any) -> ManifestProblem | None:
