@@ -61,6 +61,20 @@ def _show(argv: list[str]) -> int:
     return 0
 
 
+def _validate_manifests(argv: list[str]) -> int:
+    """Imported here, not at the top: checking manifests needs neither torch nor ray, only the
+    `deploy` extra, and a missing one is a one-line install hint rather than a traceback."""
+    try:
+        from ray_resilience.deploy import main as validate
+    except ModuleNotFoundError as err:
+        if (err.name or "").partition(".")[0] == "ray_resilience":
+            raise
+        print(f"error: validate-manifests needs the {err.name!r} module: "
+              "pip install 'ray_resilience[deploy]'", file=sys.stderr)
+        return 2
+    return validate(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -70,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if command in JOBS:
         return _run_job(command, rest)
     if command == "validate-manifests":
-        from ray_resilience.deploy import main as validate
-
-        return validate(rest)
+        return _validate_manifests(rest)
     if command == "show":
         return _show(rest)
     print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)

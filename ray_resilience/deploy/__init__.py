@@ -1,7 +1,7 @@
 """Deployment helpers: validate KubeRay / Kubernetes manifests before applying them.
 
-Public surface: `validate_manifest_file`, `validate_dir`, `validate_resources`, the
-`ManifestProblem` they return, the `Rule` ids, the setup errors, and the CLI hook `main`.
+Public surface: `validate_manifest_file`, `validate_dir`, `validate_files`, `validate_resources`,
+the `ManifestProblem` they return, the `Rule` ids, the setup errors, and the CLI hook `main`.
 """
 
 from ray_resilience.deploy.command import main
@@ -14,6 +14,7 @@ from ray_resilience.deploy.problems import (
 )
 from ray_resilience.deploy.validate import (
     validate_dir,
+    validate_files,
     validate_manifest_file,
     validate_resources,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "Rule",
     "main",
     "validate_dir",
+    "validate_files",
     "validate_manifest_file",
     "validate_resources",
 ]

@@ -106,3 +106,42 @@ def pod_groups(doc: dict[str, Any]) -> list[PodGroup]:
         name = str(worker.get("groupName", f"worker group {i}"))
         groups.append(PodGroup(name, (*path, "workerGroupSpecs", i), worker, False))
     return groups
+
+
+# Where built-in workload kinds keep the spec of the pods they run.
+WORKLOAD_POD_SPEC_PATH = {
+    "Pod": ("spec",),
+    **dict.fromkeys(
+        ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "ReplicationController", "Job"),
+        ("spec", "template", "spec"),
+    ),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+
+
+@dataclass(frozen=True)
+class PodSpecAt:
+    """One pod spec a document makes Kubernetes run, with its YAML path."""
+
+    name: str
+    """What runs it, for messages: `head pod`, `gpu-p5 pod`, `submitter pod`, `Deployment pod`."""
+    path: tuple[str | int, ...]
+    spec: dict[str, Any]
+
+
+def pod_specs(doc: dict[str, Any]) -> list[PodSpecAt]:
+    """Every pod spec in a document: Ray groups, a RayJob's submitter template, workload kinds."""
+    found = [PodSpecAt(f"{g.name} pod", g.pod_path, g.pod_spec) for g in pod_groups(doc)]
+    kind = doc.get("kind", "")
+    if kind == "RayJob":
+        template = (doc.get("spec") or {}).get("submitterPodTemplate")
+        if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+            path = ("spec", "submitterPodTemplate", "spec")
+            found.append(PodSpecAt("submitter pod", path, template["spec"]))
+    elif kind in WORKLOAD_POD_SPEC_PATH:
+        node: Any = doc
+        for key in WORKLOAD_POD_SPEC_PATH[kind]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            found.append(PodSpecAt(f"{kind} pod", WORKLOAD_POD_SPEC_PATH[kind], node))
+    return found

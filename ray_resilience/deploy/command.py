@@ -12,21 +12,28 @@ import sys
 
 from ray_resilience.deploy.problems import ManifestProblem, ManifestValidationError
 from ray_resilience.deploy.schemas import DEFAULT_KUBERNETES_VERSION
-from ray_resilience.deploy.validate import validate_dir, validate_manifest_file
+from ray_resilience.deploy.validate import manifest_files, validate_files
 
 CRD_DIR_ENV_VAR = "RAY_RESILIENCE_KUBERAY_CRD_DIR"
-# In a source checkout the CRDs sit beside the repository: <repo>/../shared/kuberay/crds.
-_CHECKOUT_CRD_DIR = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "kuberay", "crds"
-)
+JOBS_DIR_ENV_VAR = "RAY_RESILIENCE_JOBS_DIR"
+# KubeRay v1.7.0's CRDs, shipped as package data (provenance and checksums in crds/SOURCE.md).
+PACKAGED_CRD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crds")
 
 
-def default_crd_dir() -> str | None:
-    """$RAY_RESILIENCE_KUBERAY_CRD_DIR, else the CRDs beside a source checkout, else None."""
-    env = os.environ.get(CRD_DIR_ENV_VAR)
-    if env:
-        return env
-    return os.path.normpath(_CHECKOUT_CRD_DIR) if os.path.isdir(_CHECKOUT_CRD_DIR) else None
+def default_crd_dir() -> str:
+    """$RAY_RESILIENCE_KUBERAY_CRD_DIR if set, else the packaged KubeRay v1.7.0 CRDs."""
+    return os.environ.get(CRD_DIR_ENV_VAR) or PACKAGED_CRD_DIR
+
+
+def default_jobs_dir(paths: list[str]) -> str | None:
+    """Where the entrypoints' job scripts are: $RAY_RESILIENCE_JOBS_DIR, else ./jobs, else the
+    jobs/ folder beside the first manifest folder (<repo>/cluster_configs -> <repo>/jobs), so
+    that validating a checkout's manifests works from any working directory."""
+    first = os.path.abspath(paths[0]) if paths else os.getcwd()
+    manifest_dir = first if os.path.isdir(first) else os.path.dirname(first)
+    beside = os.path.join(manifest_dir, "..", "jobs")
+    candidates = [os.environ.get(JOBS_DIR_ENV_VAR), "jobs", beside]
+    return next((os.path.normpath(c) for c in candidates if c and os.path.isdir(c)), None)
 
 
 def main(argv: list[str]) -> int:
@@ -39,35 +46,39 @@ def main(argv: list[str]) -> int:
         description="Validate KubeRay RayJob/RayCluster/RayService and Kubernetes manifests.",
     )
     parser.add_argument("paths", nargs="+", help="manifest files or directories of *.yaml")
-    parser.add_argument("--jobs-dir", default="jobs", help="folder of job scripts (default: jobs)")
+    parser.add_argument(
+        "--jobs-dir",
+        help=f"folder of job scripts (default: ${JOBS_DIR_ENV_VAR}, ./jobs, or jobs/ beside the "
+        "manifest folder)",
+    )
     parser.add_argument(
         "--crd-dir",
         default=default_crd_dir(),
-        help=f"KubeRay CRD folder (default: ${CRD_DIR_ENV_VAR})",
+        help=f"KubeRay CRD folder (default: ${CRD_DIR_ENV_VAR}, else the packaged v1.7.0 CRDs)",
     )
     parser.add_argument("--kubernetes-version", default=DEFAULT_KUBERNETES_VERSION)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    if not args.crd_dir:
-        parser.print_usage(sys.stderr)
+    jobs_dir = args.jobs_dir or default_jobs_dir(args.paths)
+    if jobs_dir is None:
         print(
-            f"error: pass --crd-dir or set ${CRD_DIR_ENV_VAR} to the KubeRay v1.7.0 CRD folder "
-            "(helm-chart/kuberay-operator/crds)",
+            f"error: no jobs/ folder found (${JOBS_DIR_ENV_VAR}, ./jobs, or beside the "
+            "manifest folder); pass --jobs-dir",
             file=sys.stderr,
         )
         return 2
     problems: list[ManifestProblem] = []
     try:
-        for path in args.paths:
-            check = validate_dir if os.path.isdir(path) else validate_manifest_file
-            problems += check(
-                path,
-                jobs_dir=args.jobs_dir,
-                crd_dir=args.crd_dir,
-                kubernetes_version=args.kubernetes_version,
-            )
+        # One set: a NetworkPolicy or claim in one file serves the RayJob in another.
+        files = [f for p in args.paths for f in (manifest_files(p) if os.path.isdir(p) else [p])]
+        problems = validate_files(
+            files,
+            jobs_dir=jobs_dir,
+            crd_dir=args.crd_dir,
+            kubernetes_version=args.kubernetes_version,
+        )
     except ManifestValidationError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

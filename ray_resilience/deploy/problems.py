@@ -41,6 +41,14 @@ class Rule(enum.StrEnum):
     REQUESTS_EQUAL_LIMITS = "requests-equal-limits"  # Guaranteed QoS; extended resources match
     RESUME = "resume"  # retried RayJob must resume: fixed --run_name and --storage_path
     DASHBOARD = "dashboard"  # Ray dashboard (job submission API) stays inside the cluster
+    TOKEN_AUTH = "token-auth"  # Ray token authentication on: authOptions.mode token
+    NETWORK_POLICY = "network-policy"  # a NetworkPolicy admits only the cluster's pods to the head
+    NON_ROOT = "non-root"  # containers run as a non-root user (init containers may chown as root)
+    PRIVILEGE = "privilege"  # no privileged containers, allowPrivilegeEscalation: false
+    CAPABILITIES = "capabilities"  # drop ALL; add only what the container can actually use
+    SECCOMP = "seccomp"  # RuntimeDefault (or Localhost) seccomp profile
+    WORLD_WRITABLE = "world-writable"  # no chmod 0777 / o+w on shared folders
+    CREDENTIALS = "credentials"  # no AWS keys or Ray tokens written into manifests
 
 
 class ManifestValidationError(Exception):

@@ -3,9 +3,11 @@
 `kubectl apply` accepts a RayJob whose fields are misspelt (the API server drops them), whose
 name the operator later rejects, or whose checkpoints would vanish with a pod. This module runs,
 per YAML document: the strict CRD schema (custom kinds) or the strict Kubernetes schema (built-in
-kinds), then the operator's reconcile-time rules, then the job rules that make a RayJob resumable.
+kinds), then the operator's reconcile-time rules, the job rules that make a RayJob resumable, and
+the security rules (token auth, NetworkPolicy, container hardening, no credentials). Files given
+together are one set: a claim or NetworkPolicy in one file serves the RayJob of another.
 
-    python -m ray_resilience validate-manifests cluster_configs/ --crd-dir <kuberay>/crds
+    python -m ray_resilience validate-manifests cluster_configs/
 """
 
 from __future__ import annotations
@@ -13,11 +15,18 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from ray_resilience.deploy.job_rules import job_problems
+from ray_resilience.deploy.network_rules import (
+    Policy,
+    cluster_network_problems,
+    policies_in,
+    policy_problems,
+)
 from ray_resilience.deploy.problems import (
     DocContext,
     ManifestProblem,
@@ -34,6 +43,7 @@ from ray_resilience.deploy.schemas import (
     load_crd_schemas,
     metadata_problems,
 )
+from ray_resilience.deploy.security_rules import security_problems
 from ray_resilience.deploy.storage_rules import claim_problems
 
 MANIFEST_PATTERNS = ("*.yaml", "*.yml")
@@ -89,83 +99,147 @@ def validate_resources(
     jobs_dir: str,
     crd_dir: str,
     kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
-    declared_claims: set[str] | None = None,
+    alongside: Sequence[Any] | None = None,
 ) -> list[ManifestProblem]:
     """Validate parsed YAML documents as if they were read from `source` (used for reports).
 
-    `declared_claims`: PVC names that exist alongside; default: the PVCs among `docs`. Ray pods
-    may only use declared claims when there is at least one.
+    `alongside`: every document validated together with these (default: `docs`). Ray pods may
+    only use PersistentVolumeClaims declared there (when any are), and the NetworkPolicies there
+    must restrict each Ray head.
     """
     _check_dir(jobs_dir, "jobs_dir", "--jobs-dir: the folder holding the job scripts")
     crds = load_crd_schemas(os.path.realpath(crd_dir))
-    claims = _declared_claims(docs) if declared_claims is None else declared_claims
+    related = _Related.of(docs if alongside is None else alongside)
     problems: list[ManifestProblem] = []
     for index, doc in enumerate(docs):
         if doc is not None:
             ctx = DocContext(source, index, _label(doc, index))
-            problems += _validate_document(ctx, doc, crds, jobs_dir, kubernetes_version, claims)
+            problems += _validate_document(ctx, doc, crds, jobs_dir, kubernetes_version, related)
+    return problems
+
+
+def validate_files(
+    paths: Sequence[str],
+    *,
+    jobs_dir: str,
+    crd_dir: str,
+    kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
+) -> list[ManifestProblem]:
+    """Every problem in these manifest files, validated as one set: a claim or NetworkPolicy in
+    one file counts for the Ray resources of the others (an empty list means all are valid)."""
+    loaded = [(path, *load_documents(path)) for path in paths]
+    alongside = [d for _, docs, _ in loaded for d in docs]
+    problems: list[ManifestProblem] = []
+    for path, docs, load_problems in loaded:
+        problems += load_problems + validate_resources(
+            docs,
+            source=path,
+            jobs_dir=jobs_dir,
+            crd_dir=crd_dir,
+            kubernetes_version=kubernetes_version,
+            alongside=alongside,
+        )
     return problems
 
 
 def validate_manifest_file(
     path: str, *, jobs_dir: str, crd_dir: str, kubernetes_version: str = DEFAULT_KUBERNETES_VERSION
 ) -> list[ManifestProblem]:
-    """Every problem in one manifest file (an empty list means it is valid)."""
-    docs, problems = load_documents(path)
-    return problems + validate_resources(
-        docs, source=path, jobs_dir=jobs_dir, crd_dir=crd_dir, kubernetes_version=kubernetes_version
+    """Every problem in one manifest file, on its own (an empty list means it is valid)."""
+    return validate_files(
+        [path], jobs_dir=jobs_dir, crd_dir=crd_dir, kubernetes_version=kubernetes_version
     )
 
 
-def validate_dir(
-    path: str, *, jobs_dir: str, crd_dir: str, kubernetes_version: str = DEFAULT_KUBERNETES_VERSION
-) -> list[ManifestProblem]:
-    """Every problem in the `*.yaml` / `*.yml` files of a directory (not recursive).
-
-    Claims are cross-checked: a Ray pod must use a PVC declared in one of the files.
-    """
+def manifest_files(path: str) -> list[str]:
+    """The `*.yaml` / `*.yml` files of a directory (not recursive), sorted."""
     _check_dir(path, "manifest directory", "a folder of .yaml manifests")
     files = sorted(
         f for pattern in MANIFEST_PATTERNS for f in glob.glob(os.path.join(path, pattern))
     )
     if not files:
         raise ManifestValidationError(f"no *.yaml or *.yml files in {path!r}")
-    loaded = [(f, *load_documents(f)) for f in files]
-    claims = _declared_claims([d for _, docs, _ in loaded for d in docs])
-    problems: list[ManifestProblem] = []
-    for file, docs, load_problems in loaded:
-        problems += load_problems + validate_resources(
-            docs,
-            source=file,
-            jobs_dir=jobs_dir,
-            crd_dir=crd_dir,
-            kubernetes_version=kubernetes_version,
-            declared_claims=claims,
+    return files
+
+
+def validate_dir(
+    path: str, *, jobs_dir: str, crd_dir: str, kubernetes_version: str = DEFAULT_KUBERNETES_VERSION
+) -> list[ManifestProblem]:
+    """Every problem in the `*.yaml` / `*.yml` files of a directory, validated as one set."""
+    return validate_files(
+        manifest_files(path),
+        jobs_dir=jobs_dir,
+        crd_dir=crd_dir,
+        kubernetes_version=kubernetes_version,
+    )
+
+
+@dataclass(frozen=True)
+class _Related:
+    """What the rules look up across the documents validated together."""
+
+    claims: set[str]
+    policies: list[Policy]
+    ray_docs: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, docs: Sequence[Any]) -> _Related:
+        shaped = [d for d in docs if isinstance(d, dict) and isinstance(d.get("metadata"), dict)]
+        return cls(
+            claims={
+                str(d["metadata"]["name"])
+                for d in shaped
+                if d.get("kind") == "PersistentVolumeClaim" and "name" in d["metadata"]
+            },
+            policies=policies_in(shaped),
+            ray_docs=[d for d in shaped if d.get("kind") in NAME_LIMITS],
         )
-    return problems
 
 
 def _validate_document(
-    ctx: DocContext, doc: Any, crds: CrdSchemas, jobs_dir: str, version: str, claims: set[str]
+    ctx: DocContext, doc: Any, crds: CrdSchemas, jobs_dir: str, version: str, related: _Related
 ) -> list[ManifestProblem]:
     shape = _shape_problem(ctx, doc)
     if shape:
         return [shape]
     validator = crds.validator(doc["apiVersion"], doc["kind"])
     if validator is None:
-        return builtin_problems(ctx, doc, version)
-    problems = crd_problems(ctx, doc, validator) + metadata_problems(ctx, doc["metadata"], version)
-    if doc["kind"] not in NAME_LIMITS:
-        return problems
+        problems = builtin_problems(ctx, doc, version)
+    else:
+        problems = crd_problems(ctx, doc, validator)
+        problems += metadata_problems(ctx, doc["metadata"], version)
     try:
-        problems += operator_problems(ctx, doc) + claim_problems(ctx, doc, claims)
-        if doc["kind"] == "RayJob":
-            problems += job_problems(ctx, doc, jobs_dir)
+        if validator is None:
+            problems += _builtin_rules(ctx, doc, related)
+        else:
+            problems += _ray_rules(ctx, doc, jobs_dir, related)
     except (AttributeError, TypeError, ValueError, KeyError):
         # Rules read the document as the schema describes it. If the schema check found the
         # structure broken, its problems already explain the crash; otherwise it is our bug.
         if not problems:
             raise
+    return problems
+
+
+def _ray_rules(
+    ctx: DocContext, doc: dict[str, Any], jobs_dir: str, related: _Related
+) -> list[ManifestProblem]:
+    if doc["kind"] not in NAME_LIMITS:
+        return []
+    problems = operator_problems(ctx, doc) + claim_problems(ctx, doc, related.claims)
+    problems += security_problems(ctx, doc)
+    problems += cluster_network_problems(ctx, doc, related.policies)
+    if doc["kind"] == "RayJob":
+        problems += job_problems(ctx, doc, jobs_dir)
+    return problems
+
+
+def _builtin_rules(
+    ctx: DocContext, doc: dict[str, Any], related: _Related
+) -> list[ManifestProblem]:
+    problems = security_problems(ctx, doc)
+    if doc["kind"] == "NetworkPolicy":
+        problems += policy_problems(ctx, doc, related.ray_docs)
     return problems
 
 
@@ -197,17 +271,6 @@ def _label(doc: Any, index: int) -> str:
     if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict):
         return f"{doc.get('kind', '?')}/{doc['metadata'].get('name', '?')}"
     return f"document {index}"
-
-
-def _declared_claims(docs: Sequence[Any]) -> set[str]:
-    return {
-        str(d["metadata"]["name"])
-        for d in docs
-        if isinstance(d, dict)
-        and d.get("kind") == "PersistentVolumeClaim"
-        and isinstance(d.get("metadata"), dict)
-        and "name" in d["metadata"]
-    }
 
 
 def _check_dir(path: str, what: str, hint: str) -> None:

@@ -208,6 +208,14 @@ def test_fsx_csi_addon_can_provision_the_storage_class() -> None:
     assert storage_class["parameters"]["deploymentType"] == "SCRATCH_2"
 
 
+def test_cluster_enforces_the_rayjob_network_policy() -> None:
+    """EKS accepts NetworkPolicies without enforcing them unless the VPC CNI add-on is told to."""
+    rayjob_docs = yaml.safe_load_all((CONFIGS / "rayjob-eks-p5.yaml").read_text())
+    assert any(d and d["kind"] == "NetworkPolicy" for d in rayjob_docs)
+    cni = next(a for a in cluster()["addons"] if a["name"] == "vpc-cni")
+    assert json.loads(cni.get("configurationValues", "{}")).get("enableNetworkPolicy") == "true"
+
+
 def test_readme_walks_up_in_order_and_cleans_up_in_reverse() -> None:
     readme = (CONFIGS / "README.md").read_text()
     up = ["eksctl create cluster -f cluster_configs/eks/cluster.yaml",
