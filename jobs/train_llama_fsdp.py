@@ -25,9 +25,9 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 import ray_resilience as rr
-from ray_resilience.testing import FaultPlan
 from ray_resilience.examples.llama import PRESETS, build_model, causal_lm_loss
 from ray_resilience.examples.token_data import TokenDataset, generate_shards
+from ray_resilience.testing import FaultPlan
 
 
 def train_loop(cfg: dict) -> dict:
@@ -56,7 +56,8 @@ def train_loop(cfg: dict) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--use_gpu", action="store_true")

@@ -28,23 +28,20 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
-    from ray_resilience.checkpoint.config import CheckpointConfig
-    from ray_resilience.config import (
-        InJobConfig,
-        InProcessConfig,
-        ResilienceConfig,
-        RunConfig,
-        ScalingConfig,
-    )
-    from ray_resilience.context import (
-        CheckpointState,
-        TrainContext,
-        get_context,
-        load_checkpoint,
-        phase,
-        report,
-    )
-    from ray_resilience.errors import ConfigError, ResilienceError
-    from ray_resilience.result import Result
-    from ray_resilience.timeouts import AdaptiveTimeouts
-    from ray_resilience.trainer import ResilientTrainer
+    from ray_resilience.checkpoint.config import CheckpointConfig as CheckpointConfig
+    from ray_resilience.config import InJobConfig as InJobConfig
+    from ray_resilience.config import InProcessConfig as InProcessConfig
+    from ray_resilience.config import ResilienceConfig as ResilienceConfig
+    from ray_resilience.config import RunConfig as RunConfig
+    from ray_resilience.config import ScalingConfig as ScalingConfig
+    from ray_resilience.context import CheckpointState as CheckpointState
+    from ray_resilience.context import TrainContext as TrainContext
+    from ray_resilience.context import get_context as get_context
+    from ray_resilience.context import load_checkpoint as load_checkpoint
+    from ray_resilience.context import phase as phase
+    from ray_resilience.context import report as report
+    from ray_resilience.errors import ConfigError as ConfigError
+    from ray_resilience.errors import ResilienceError as ResilienceError
+    from ray_resilience.result import Result as Result
+    from ray_resilience.timeouts import AdaptiveTimeouts as AdaptiveTimeouts
+    from ray_resilience.trainer import ResilientTrainer as ResilientTrainer

@@ -50,7 +50,8 @@ def _show(argv: list[str]) -> int:
         with open(path) as f:
             results = json.load(f)
     except FileNotFoundError:
-        print(f"{path} not found: is {argv[0]!r} a run folder (<storage_path>/<name>)?", file=sys.stderr)
+        print(f"{path} not found: is {argv[0]!r} a run folder (<storage_path>/<name>)?",
+              file=sys.stderr)
         return 2
     summary = {k: results.get(k) for k in ("state", "error", "metrics", "attempts", "wall_s")}
     print(json.dumps(summary, indent=2, default=str))
@@ -65,7 +66,7 @@ def _validate_manifests(argv: list[str]) -> int:
     """Imported here, not at the top: checking manifests needs neither torch nor ray, only the
     `deploy` extra, and a missing one is a one-line install hint rather than a traceback."""
     try:
-        from ray_resilience.deploy import main as validate
+        from ray_resilience.deploy import main as validate  # noqa: PLC0415 - see the docstring
     except ModuleNotFoundError as err:
         if (err.name or "").partition(".")[0] == "ray_resilience":
             raise

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
 from ray_resilience.policy.parts import Compose, FaultCounter, MaxAttempts, NoProgressLimit
 from ray_resilience.policy.state import RecoveryState
@@ -96,7 +97,8 @@ class RunConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class ResilienceConfig:
-    """How faults are detected and repaired. `ResilienceConfig.disabled()` fails on the first fault."""
+    """How faults are detected and repaired. `ResilienceConfig.disabled()` fails on the first
+    fault."""
 
     in_process: Any = None
     """InProcessConfig: restart the train function in the same processes (None: off)."""
@@ -107,7 +109,7 @@ class ResilienceConfig:
     fault_plan: Any = None
     """FaultPlan: faults to inject (tests and benchmarks)."""
     first_step_timeout_s: float = 600.0
-    """Longest silence allowed before the first step of an attempt (model build, checkpoint load)."""
+    """Longest silence before the first step of an attempt (model build, checkpoint load)."""
     step_timeout_s: float = 120.0
     """Longest silence allowed between two steps once training runs."""
     progress_interval_s: float = 0.25
@@ -157,8 +159,6 @@ class ResilienceConfig:
         storage every `checkpoint_interval` steps (0: never; a job retry then starts over) and
         the local tier at every step, so restarts on the same node resume from the step the
         fault hit. `checkpoint=None` turns both off (restarts then start from step 0)."""
-        from ray_resilience.checkpoint import CheckpointConfig
-
         kwargs.setdefault("in_process", InProcessConfig())
         kwargs.setdefault("in_job", InJobConfig())
         kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))
@@ -239,7 +239,7 @@ class InJobConfig:
     hands a new actor the most recently booted idle worker, which after a respawn is the one
     still importing. 0: off (a respawned rank boots and imports in a new process)."""
     heartbeat_timeout_s: float = 10.0
-    """A rank whose side thread sent nothing for this long is treated as dead (frozen, node lost)."""
+    """A rank whose side thread sent nothing for this long is dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0
     """How long to wait for capacity for a replacement (a lost node coming back)."""
     min_workers: int | None = None
@@ -251,17 +251,20 @@ class InJobConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in RESPAWN_POLICIES:
-            raise ConfigError("InJobConfig.policy", self.policy, f"must be one of {RESPAWN_POLICIES}.")
+            raise ConfigError("InJobConfig.policy", self.policy,
+                              f"must be one of {RESPAWN_POLICIES}.")
         _check("InJobConfig.max_restarts", self.max_restarts, 0, "must be an integer >= 0.",
                integer=True)
         _check("InJobConfig.max_attempts_without_progress", self.max_attempts_without_progress, 1,
                "must be an integer >= 1.", integer=True)
-        _check("InJobConfig.num_spares", self.num_spares, 0, "must be an integer >= 0.", integer=True)
+        _check("InJobConfig.num_spares", self.num_spares, 0, "must be an integer >= 0.",
+               integer=True)
         _check("InJobConfig.num_prestarted_workers", self.num_prestarted_workers, 0,
                "must be an integer >= 0 (0: no prestarted worker processes).", integer=True)
         _check("InJobConfig.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.5,
                "must be >= 0.5 s (several progress intervals).")
-        _check("InJobConfig.replacement_timeout_s", self.replacement_timeout_s, 1.0, "must be >= 1 s.")
+        _check("InJobConfig.replacement_timeout_s", self.replacement_timeout_s, 1.0,
+               "must be >= 1 s.")
         if self.min_workers is not None:
             _check("InJobConfig.min_workers", self.min_workers, 1,
                    "must be an integer >= 1, or None to never shrink the world.", integer=True)

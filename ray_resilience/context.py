@@ -72,7 +72,7 @@ class _Session:
         self.step_time: float | None = None
         self.checkpoint_blocking_s: list[tuple[int, float]] = []
         self.open_save: tuple[int, float] | None = None
-        """The newest save, recorded once the optimizer step after it ran (its wait is blocking too)."""
+        """The newest save, recorded once the optimizer step after it ran (its wait blocks too)."""
         self.events: list[dict[str, Any]] = []
 
     def close_save(self) -> None:
@@ -96,7 +96,8 @@ class _Session:
             saves, self.checkpoint_blocking_s = self.checkpoint_blocking_s, []
             events, self.events = self.events, []
             if self.phase is not None:  # tells the supervisor which timeout applies now
-                events.append({"phase": "in_phase", "name": self.phase, "t_start": self.phase_started})
+                events.append({"phase": "in_phase", "name": self.phase,
+                               "t_start": self.phase_started})
             return pending, self.step, self.step_time, saves, events
 
 
@@ -121,7 +122,8 @@ def get_context() -> TrainContext:
     return _require_session("get_context").context
 
 
-def report(metrics: dict[str, Any], *, step: int, checkpoint: CheckpointState | None = None) -> None:
+def report(metrics: dict[str, Any], *, step: int,
+           checkpoint: CheckpointState | None = None) -> None:
     """Records that `step` completed with `metrics`; saves a checkpoint on checkpoint steps.
 
     Call once per step, after the optimizer step. Returns after a queue append (and, on
@@ -153,7 +155,8 @@ def report(metrics: dict[str, Any], *, step: int, checkpoint: CheckpointState | 
         session.faults("step", int(step))
 
 
-def load_checkpoint(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
+def load_checkpoint(*, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None) -> Any:
     """Restores the newest committed checkpoint into freshly built objects.
 
     Returns a `LoadedCheckpoint` (`.step` to resume after, `.extra`, `.tier`) or None when the

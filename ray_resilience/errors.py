@@ -30,17 +30,20 @@ class InsufficientResourcesError(ConfigError):
 
     def __init__(self, field: str, value: object, asked: dict, available: dict, fix: str) -> None:
         self.asked, self.available = asked, available
-        ConfigError.__init__(self, field, value, f"asked for {asked}, the cluster has {available}. {fix}")
+        ConfigError.__init__(self, field, value,
+                             f"asked for {asked}, the cluster has {available}. {fix}")
         self.args = (str(self),)
 
     def __reduce__(self):
-        return (_rebuild_resources_error, (self.field, self.value, self.asked, self.available, self.fix))
+        return (_rebuild_resources_error,
+                (self.field, self.value, self.asked, self.available, self.fix))
 
 
 def _rebuild_resources_error(field, value, asked, available, fix):  # pragma: no cover - pickling
     err = InsufficientResourcesError.__new__(InsufficientResourcesError)
     err.field, err.value, err.fix, err.asked, err.available = field, value, fix, asked, available
-    err.args = (f"{field}={value!r} is invalid: asked for {asked}, the cluster has {available}. {fix}",)
+    err.args = (f"{field}={value!r} is invalid: asked for {asked}, the cluster has {available}. "
+                f"{fix}",)
     return err
 
 
@@ -57,7 +60,8 @@ class WorkerError(ResilienceError):
         traceback: str, cause: BaseException | None = None,
     ) -> None:
         self.ranks, self.attempt = list(ranks), attempt
-        self.exc_type, self.message, self.traceback, self.cause = exc_type, message, traceback, cause
+        self.exc_type, self.message = exc_type, message
+        self.traceback, self.cause = traceback, cause
         who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {self.ranks}"
         super().__init__(
             f"{who} (attempt {attempt}) raised {exc_type}: {message}\n"

@@ -18,7 +18,8 @@ class Result:
     metrics: dict[str, Any]
     """The last metrics rank 0 reported."""
     metrics_history: list[dict[str, Any]]
-    """Every dict passed to `report`, with `step`, `rank` and `attempt`, in (attempt, step, rank) order."""
+    """Every dict passed to `report`, with `step`, `rank` and `attempt`, in (attempt, step, rank)
+    order."""
     path: str
     """The run's folder: `<storage_path>/<name>`."""
     error: BaseException | None = None

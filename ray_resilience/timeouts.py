@@ -28,7 +28,7 @@ class AdaptiveTimeouts:
     step_floor_s: float = 10.0
     """The steady-step timeout never drops below this."""
     first_step_floor_s: float = 60.0
-    """The first-step timeout (model build, checkpoint load, first compile) never drops below this."""
+    """The first-step timeout (model build, checkpoint load, compile) never drops below this."""
     phase_floor_s: float = 30.0
     """Timeouts of user-marked phases never drop below this."""
     min_samples: int = 5
@@ -39,7 +39,8 @@ class AdaptiveTimeouts:
     def __post_init__(self) -> None:
         if self.multiplier < 1.5:
             raise ConfigError("AdaptiveTimeouts.multiplier", self.multiplier,
-                              "must be >= 1.5: a timeout at the worst observed interval kills healthy runs.")
+                              "must be >= 1.5: a timeout at the worst observed interval kills "
+                              "healthy runs.")
         for name in ("step_floor_s", "first_step_floor_s", "phase_floor_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"AdaptiveTimeouts.{name}", getattr(self, name), "must be > 0.")

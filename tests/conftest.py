@@ -24,7 +24,7 @@ def ray_session():
     Declares 4 logical CPUs on this 2-core machine so two 1-CPU workers, the supervisor and the
     checkpoint writers fit at once.
     """
-    import ray
+    import ray  # noqa: PLC0415 - tests/deploy run without ray
 
     if ray.is_initialized():
         yield ray
@@ -42,7 +42,7 @@ def ray_session():
     try:
         yield ray
     finally:
-        # Checkpoint tests reuse their ranks across tests and modules (tests/support/checkpoint_harness.py:
+        # Checkpoint tests reuse their ranks across tests and modules (see checkpoint_harness.py:
         # a parked rank holds no CPU and starts over from the seed); they go before Ray does.
         harness = sys.modules.get("tests.support.checkpoint_harness")
         if harness is not None:
@@ -54,7 +54,7 @@ def ray_session():
 @pytest.fixture(scope="session")
 def token_data_dir(tmp_path_factory) -> str:
     """The example token dataset, generated once per session."""
-    from ray_resilience.examples.token_data import generate_shards
+    from ray_resilience.examples.token_data import generate_shards  # noqa: PLC0415 - tests/deploy run without torch
 
     path = str(tmp_path_factory.mktemp("token-data"))
     generate_shards(path)
@@ -63,10 +63,10 @@ def token_data_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def clean_run(ray_session, token_data_dir, tmp_path_factory):
-    """`clean_run(num_workers=2, max_steps=12)`: the fault-free run of tests/support/workload.py that
-    fault runs must end bit-equal to (the oracle), trained once per session per shape and
+    """`clean_run(num_workers=2, max_steps=12)`: the fault-free run of tests/support/workload.py
+    that fault runs must end bit-equal to (the oracle), trained once per session per shape and
     shared by every module (each costs a run: actor start-up, imports, training)."""
-    from tests.support import workload
+    from tests.support import workload  # noqa: PLC0415 - tests/deploy run without torch
 
     runs: dict[tuple[int, int], object] = {}
 

@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -32,12 +33,14 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "jobs", "bench")]
+# The imports below need the two folders above on sys.path (E402 on purpose).
+from bench_checkpoint_rank import BenchRank  # noqa: E402 - see above
 
-from bench_checkpoint_rank import BenchRank  # noqa: E402
-
-from ray_resilience.checkpoint import CheckpointConfig  # noqa: E402
-from ray_resilience._internal.checkpoint.service.service import CheckpointService  # noqa: E402
-from ray_resilience.checkpoint.config import WRITER_PRIORITIES  # noqa: E402
+from ray_resilience._internal.checkpoint.service.service import (  # noqa: E402 - see above
+    CheckpointService,
+)
+from ray_resilience.checkpoint import CheckpointConfig  # noqa: E402 - see above
+from ray_resilience.checkpoint.config import WRITER_PRIORITIES  # noqa: E402 - see above
 
 METHODS = ["torch_save", "dcp_sync", "dcp_async", "ours_coalesce", "ours_skip", "ours_block"]
 SWEEPS = {  # preset: (steps per configuration, intervals)
@@ -63,11 +66,13 @@ def summarize(preset: str, method: str, interval: int, results: list[dict], base
         "model": preset, "method": method, "interval": interval, "steps": steps,
         "saves": len(results[0]["blocking_s"]), "wall_s": wall,
         "blocking_median_s": pct(blocking, 0.5), "blocking_p99_s": pct(blocking, 0.99),
-        "blocking_cpu_median_s": pct([c for r in results for c in r.get("blocking_cpu_s", [])], 0.5),
+        "blocking_cpu_median_s": pct([c for r in results for c in r.get("blocking_cpu_s", [])],
+                                     0.5),
         "aws_efficiency_pct": aws, "throughput_efficiency_pct": 100 * baseline_wall / wall,
         "latency_median_s": pct(latency, 0.5), "latency_p99_s": pct(latency, 0.99),
         "held_mb": (sum(r["held_bytes"] for r in results) + extra.get("writer_bytes", 0)) / 1e6,
-        "skipped": sum(r["skipped"] for r in results), "coalesced": sum(r["coalesced"] for r in results),
+        "skipped": sum(r["skipped"] for r in results),
+        "coalesced": sum(r["coalesced"] for r in results),
         "failed": sum(r["failed"] for r in results),
         "phases_median_s": [r.get("phases_median_s", {}) for r in results],
         **{k: v for k, v in extra.items() if k != "writer_bytes"},
@@ -78,8 +83,6 @@ class Bench:
     """Ranks of one model preset, reused across every configuration."""
 
     def __init__(self, preset: str, world_size: int, storage: str, writer_priority: str) -> None:
-        import socket
-
         self.writer_priority = writer_priority
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -104,7 +107,8 @@ class Bench:
             # which a run overlaps with its ranks' start-up) must not compete with the timed steps.
             service.wait_ready()
             specs = [service.rank_spec(r) for r in range(self.world_size)]
-            ray.get([rank.attach.remote(spec) for rank, spec in zip(self.ranks, specs, strict=True)])
+            ray.get([rank.attach.remote(spec)
+                     for rank, spec in zip(self.ranks, specs, strict=True)])
         try:
             results = ray.get([r.run.remote(method, interval, steps, folder) for r in self.ranks])
             if service is not None:
@@ -125,7 +129,8 @@ class Bench:
             stats = service.stats()
         commits = stats["commit_latency_s"]
         return {"committed": stats["counts"].get("committed", 0),
-                "commit_latency_median_s": pct(commits, 0.5), "commit_latency_p99_s": pct(commits, 0.99),
+                "commit_latency_median_s": pct(commits, 0.5),
+                "commit_latency_p99_s": pct(commits, 0.99),
                 "writer_bytes": stats["memory_bytes"]}
 
     def close(self) -> None:
@@ -134,7 +139,8 @@ class Bench:
             ray.kill(r)
 
 
-def run_preset(preset: str, steps: int, intervals: list[int], args: argparse.Namespace) -> list[dict]:
+def run_preset(preset: str, steps: int, intervals: list[int],
+               args: argparse.Namespace) -> list[dict]:
     bench = Bench(preset, args.world_size, args.storage, args.writer_priority)
     rows = []
     try:
@@ -164,17 +170,18 @@ def fmt(value: Any, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def print_table(rows: list[dict], header: bool = True) -> None:
-    cols = ("model", "interval", "method", "saves", "block med ms", "block p99 ms", "of it CPU ms", "AWS eff %",
-            "thru eff %", "latency med s", "latency p99 s", "held MB", "skip/coal")
+    cols = ("model", "interval", "method", "saves", "block med ms", "block p99 ms", "of it CPU ms",
+            "AWS eff %", "thru eff %", "latency med s", "latency p99 s", "held MB", "skip/coal")
     if header:
         print("  ".join(f"{c:>13}" for c in cols), flush=True)
     for r in rows:
         latency = (r.get("commit_latency_median_s"), r.get("commit_latency_p99_s")) \
             if r["method"].startswith("ours") else (r["latency_median_s"], r["latency_p99_s"])
-        cells = (r["model"], r["interval"], r["method"], r["saves"], fmt(r["blocking_median_s"], 1e3),
-                 fmt(r["blocking_p99_s"], 1e3), fmt(r.get("blocking_cpu_median_s"), 1e3, 2),
-                 fmt(r["aws_efficiency_pct"], digits=2),
-                 fmt(r["throughput_efficiency_pct"]), fmt(latency[0], digits=2), fmt(latency[1], digits=2),
+        cells = (r["model"], r["interval"], r["method"], r["saves"],
+                 fmt(r["blocking_median_s"], 1e3), fmt(r["blocking_p99_s"], 1e3),
+                 fmt(r.get("blocking_cpu_median_s"), 1e3, 2),
+                 fmt(r["aws_efficiency_pct"], digits=2), fmt(r["throughput_efficiency_pct"]),
+                 fmt(latency[0], digits=2), fmt(latency[1], digits=2),
                  fmt(r["held_mb"], digits=0), f"{r['skipped']}/{r['coalesced']}")
         print("  ".join(f"{str(c):>13}" for c in cells), flush=True)
 
@@ -190,9 +197,11 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--storage", default=None, help="checkpoint folder (default: a temp dir)")
     parser.add_argument("--results", default=os.path.join(ROOT, "results", "bench_checkpoint"))
-    parser.add_argument("--address", default=None, help="Ray address (default: a private local Ray)")
+    parser.add_argument("--address", default=None,
+                        help="Ray address (default: a private local Ray)")
     parser.add_argument("--writer-priority", default=CheckpointConfig().writer_priority,
-                        choices=list(WRITER_PRIORITIES), help="CheckpointConfig.writer_priority for ours")
+                        choices=list(WRITER_PRIORITIES),
+                        help="CheckpointConfig.writer_priority for ours")
     args = parser.parse_args()
     args.storage = args.storage or tempfile.mkdtemp(prefix="rr-bench-ckpt-")
     ray_dir = None

@@ -16,6 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
 from ray_resilience._internal.checkpoint.rank.snapshot import state_dict_of
 from ray_resilience.examples.llama import PRESETS, build_model, causal_lm_loss
 
@@ -78,7 +79,8 @@ class DcpAsync(_Saver):
         started = time.perf_counter()
         self.future = dcp.async_save(_full_state(self.rank, step),
                                      checkpoint_id=self.folder, process_group=self.rank.ckpt_group)
-        self.future.add_done_callback(lambda _: self.latencies.append(time.perf_counter() - started))
+        self.future.add_done_callback(
+            lambda _: self.latencies.append(time.perf_counter() - started))
         self.held_bytes = self.rank.state_bytes()  # the default stager keeps a full CPU copy
 
     def finish(self) -> None:
@@ -128,8 +130,6 @@ class BenchRank:
         return total
 
     def attach(self, spec: Any) -> None:
-        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
-
         if self.ckpt is not None:
             self.ckpt.close()
         self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size)
@@ -147,7 +147,8 @@ class BenchRank:
         """Trains `num_steps`, saving every `interval` steps with `method` ("none": never)."""
         if method != "none" and not method.startswith("ours"):
             os.makedirs(folder, exist_ok=True)
-        saver = Ours(self, folder) if method.startswith("ours") else SAVERS.get(method, _Saver)(self, folder)
+        saver_cls = Ours if method.startswith("ours") else SAVERS.get(method, _Saver)
+        saver = saver_cls(self, folder)
         dist.barrier()
         blocking, blocking_cpu, start = [], [], time.perf_counter()
         for i in range(1, num_steps + 1):

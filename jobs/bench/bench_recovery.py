@@ -33,8 +33,8 @@ from rich.console import Console
 
 from ray_resilience.examples.llama import PRESETS
 from ray_resilience.examples.token_data import generate_shards
-from ray_resilience.testing import FaultPlan
 from ray_resilience.goodput import RunTimeline, compute_goodput
+from ray_resilience.testing import FaultPlan
 
 console = Console(width=200)
 
@@ -155,7 +155,8 @@ def _calibrated_save_cost(peer: Any, base: Workload, args: argparse.Namespace, r
         return blocking_s
     steps = min(CALIBRATION_STEPS, base.max_steps)
     console.log(f"{peer.name}: fault-free calibration run, checkpoint every step ({steps} steps)")
-    cal = _safe_run(peer, base.with_(fault_plan=FaultPlan.none(), checkpoint_interval=1, max_steps=steps,
+    cal = _safe_run(peer, base.with_(fault_plan=FaultPlan.none(), checkpoint_interval=1,
+                                     max_steps=steps,
                                      run_dir=os.path.join(args.out, peer.name, "calibration")))
     with_saves = per_step_wall_s(cal.timeline) if cal.status == "ok" and cal.timeline else None
     without = per_step_wall_s(ref_timeline)
@@ -182,7 +183,8 @@ def bench_mechanism(name: str, base: Workload, args: argparse.Namespace,
     console.log(f"{name}: fault-free reference run, {ref_steps} steps "
                 f"(checkpoint every {max(1, ref_steps // 4)})")
     ref = _safe_run(peer, base.with_(fault_plan=FaultPlan.none(),
-                                     checkpoint_interval=max(1, ref_steps // 4), max_steps=ref_steps,
+                                     checkpoint_interval=max(1, ref_steps // 4),
+                                     max_steps=ref_steps,
                                      run_dir=os.path.join(args.out, name, "reference")))
     if ref.status != "ok" or ref.timeline is None:
         return [row("-", None, ref.status, f"fault-free reference run: {ref.error}")]
@@ -244,7 +246,8 @@ def rescore(path: str) -> int:
         rows.append(row)
     plan = config.get("plan", {}).get("faults", [])
     title = (f"recovery benchmark (re-scored {path}): {config.get('model')}, "
-             f"{config.get('world_size')} ranks, {config.get('max_steps')} steps, {len(plan)} faults")
+             f"{config.get('world_size')} ranks, {config.get('max_steps')} steps, "
+             f"{len(plan)} faults")
     print_table(rows, title, console, references)
     out = os.path.dirname(os.path.abspath(path))
     console.log(f"wrote {write_results(out, config, rows, references)}")
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
              f"steps, {len(plan)} faults (seed {args.fault_seed}: "
              f"{', '.join(f'{f.kind.value}@{f.step}' for f in plan)})")
     print_table(rows, title, console, references)
-    config = {k: v for k, v in vars(args).items()}
+    config = dict(vars(args))
     config["plan"] = plan.to_dict()
     # Other users of this machine slow every mechanism alike; say how busy it was.
     config["load_average_at_end"] = os.getloadavg()

@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ray_resilience._internal.checkpoint.format.storage import resolve
+# Re-exported: trainer.py resolves the run folder through this module.
+from ray_resilience._internal.checkpoint.format.storage import resolve as resolve
 from ray_resilience.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def write_run_artifacts(fs: pafs.FileSystem, run_path: str, result: Any) -> None
     with fs.open_output_stream(posixpath.join(run_path, "goodput.txt")) as out:
         out.write(report.table().encode())
     try:
-        from ray_resilience.goodput.plot import plot_timeline
+        from ray_resilience.goodput.plot import plot_timeline  # noqa: PLC0415 - matplotlib, only to draw
 
         with tempfile.TemporaryDirectory() as tmp:
             png = os.path.join(tmp, "timeline.png")
@@ -77,5 +78,5 @@ def write_run_artifacts(fs: pafs.FileSystem, run_path: str, result: Any) -> None
             with open(png, "rb") as src, fs.open_output_stream(
                     posixpath.join(run_path, "timeline.png")) as out:
                 out.write(src.read())
-    except Exception:  # noqa: BLE001 - a picture must never fail a finished run
+    except Exception:
         log.warning("could not plot the run timeline into %s", run_path, exc_info=True)

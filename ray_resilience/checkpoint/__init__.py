@@ -1,4 +1,4 @@
-"""Checkpoint settings, errors and what a load returns. The machinery is in `_internal/checkpoint/`."""
+"""Checkpoint settings, errors and what a load returns (the machinery: `_internal/checkpoint/`)."""
 
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import (

@@ -94,7 +94,7 @@ class CheckpointConfig:
     write_timeout_s: float = 1800.0
     """Longest a rank waits for its writer to report a shard durable before giving the save up."""
     collective_timeout_s: float = 600.0
-    """Timeout of the CPU (gloo) group used for checkpoint agreement when the backend is not gloo."""
+    """Timeout of the CPU (gloo) group for checkpoint agreement when the backend is not gloo."""
     warn_interval_s: float = 30.0
     """Every wait logs what it is still waiting for at this period."""
 
@@ -115,13 +115,16 @@ class CheckpointConfig:
         self._check_int("interval_steps", minimum=0, fix="use 0 to turn periodic saves off.")
         if self.in_flight_policy not in IN_FLIGHT_POLICIES:
             raise ConfigError("CheckpointConfig.in_flight_policy", self.in_flight_policy,
-                              f"must be one of {IN_FLIGHT_POLICIES}; 'coalesce' never blocks training.")
+                              f"must be one of {IN_FLIGHT_POLICIES}; 'coalesce' never blocks "
+                              "training.")
         if self.snapshot not in SNAPSHOT_MODES:
             raise ConfigError("CheckpointConfig.snapshot", self.snapshot,
-                              f"must be one of {SNAPSHOT_MODES}; 'sync' if the loop changes parameters "
-                              "outside optimizer.step() between report() and the next step.")
+                              f"must be one of {SNAPSHOT_MODES}; 'sync' if the loop changes "
+                              "parameters outside optimizer.step() between report() and the next "
+                              "step.")
         self._check_int("num_to_keep", minimum=2,
-                        fix="keep at least 2 so a crash while writing leaves one loadable checkpoint.")
+                        fix="keep at least 2 so a crash while writing leaves one loadable "
+                            "checkpoint.")
         self._check_int("writers_per_node", minimum=1, fix="use at least 1 writer per node.")
         if self.writer_priority not in WRITER_PRIORITIES:
             raise ConfigError("CheckpointConfig.writer_priority", self.writer_priority,
@@ -147,12 +150,14 @@ class CheckpointConfig:
                               "set memory_tier=True or memory_replicas=0.")
         if self.memory_budget_bytes is not None:
             self._check_int("memory_budget_bytes", minimum=0,
-                            fix="give a byte count, or None for no cap (memory_tier=False turns it off).")
+                            fix="give a byte count, or None for no cap (memory_tier=False turns "
+                                "it off).")
         for name in ("storage_retry_backoff_s", "storage_retry_max_backoff_s", "write_timeout_s",
                      "collective_timeout_s", "warn_interval_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"CheckpointConfig.{name}", value, "must be a number of seconds > 0.")
+                raise ConfigError(f"CheckpointConfig.{name}", value,
+                                  "must be a number of seconds > 0.")
         if self.warn_interval_s >= self.write_timeout_s:
             raise ConfigError("CheckpointConfig.warn_interval_s", self.warn_interval_s,
                               f"must be shorter than write_timeout_s={self.write_timeout_s}, "
@@ -161,7 +166,8 @@ class CheckpointConfig:
     def _check_int(self, name: str, *, minimum: int, fix: str) -> None:
         value = getattr(self, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ConfigError(f"CheckpointConfig.{name}", value, f"must be an integer >= {minimum}; {fix}")
+            raise ConfigError(f"CheckpointConfig.{name}", value,
+                              f"must be an integer >= {minimum}; {fix}")
 
     def is_local_step(self, step: int) -> bool:
         """True when `maybe_save` writes the local tier at `step`."""

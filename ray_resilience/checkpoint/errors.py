@@ -23,8 +23,8 @@ class CheckpointStorageError(CheckpointError):
 
     def __init__(self, path: str, operation: str, detail: str) -> None:
         self.path, self.operation, self.detail = path, operation, detail
-        super().__init__(f"checkpoint storage: cannot {operation} {path!r}: {detail}. Likely cause: "
-                         f"{self.hint}.")
+        super().__init__(f"checkpoint storage: cannot {operation} {path!r}: {detail}. "
+                         f"Likely cause: {self.hint}.")
 
     def __reduce__(self):
         return (type(self), (self.path, self.operation, self.detail))
@@ -72,9 +72,9 @@ class CheckpointLoadError(CheckpointError):
         self.run_dir, self.failures = run_dir, list(failures)
         listing = "; ".join(self.failures) or "none"
         super().__init__(
-            f"no committed checkpoint under {run_dir!r} could be loaded on every rank (tried, newest "
-            f"first: {listing}). Restore the files from a backup, or start a new run name to train "
-            "from scratch.")
+            f"no committed checkpoint under {run_dir!r} could be loaded on every rank (tried, "
+            f"newest first: {listing}). Restore the files from a backup, or start a new run name "
+            "to train from scratch.")
 
     def __reduce__(self):
         return (type(self), (self.run_dir, self.failures))

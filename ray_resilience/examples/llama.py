@@ -149,7 +149,8 @@ class Llama(nn.Module):
         for name, param in self.named_parameters():
             if param.dim() == 1:
                 continue  # norm weights stay at 1
-            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else 1
+            residual = name.endswith(("wo.weight", "w2.weight"))
+            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if residual else 1
             nn.init.normal_(param, mean=0.0, std=std * scale)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -161,8 +162,10 @@ class Llama(nn.Module):
         return self.output(self.norm(h)).float()
 
 
-def build_model(preset: str | LlamaConfig, *, seed: int = 0, device: str | torch.device = "cpu") -> Llama:
-    """Builds the model with deterministic initial weights (same seed, same weights on every rank)."""
+def build_model(preset: str | LlamaConfig, *, seed: int = 0,
+                device: str | torch.device = "cpu") -> Llama:
+    """Builds the model with deterministic initial weights (same seed: same weights on every
+    rank)."""
     cfg = PRESETS[preset] if isinstance(preset, str) else preset
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

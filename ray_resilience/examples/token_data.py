@@ -41,7 +41,7 @@ def generate_shards(
     rows[:, 0] = first
     for t in range(seq_len):
         rows[:, t + 1] = table[rows[:, t], choice[:, t]]
-    for path, part in zip(paths, np.array_split(rows, num_shards)):
+    for path, part in zip(paths, np.array_split(rows, num_shards), strict=True):
         flat = pa.array(part.reshape(-1))
         column = pa.FixedSizeListArray.from_arrays(flat, seq_len + 1)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
@@ -51,7 +51,8 @@ def generate_shards(
 
 
 class TokenDataset:
-    """Random access to the shards: `batch(step, rank, world_size, batch_size)` -> (inputs, targets).
+    """Random access to the shards: `batch(step, rank, world_size, batch_size)` -> (inputs,
+    targets).
 
     Global batch `step` holds samples [step * G, (step + 1) * G) (mod the dataset size) with
     G = world_size * batch_size; rank r takes its contiguous block of `batch_size` of them.
@@ -79,9 +80,11 @@ class TokenDataset:
     def rows(self, indices: np.ndarray) -> np.ndarray:
         indices = indices % self.num_samples
         shard_of = np.searchsorted(self._starts, indices, side="right") - 1
-        return np.stack([self._shard(s)[i - self._starts[s]] for s, i in zip(shard_of, indices)])
+        return np.stack([self._shard(s)[i - self._starts[s]]
+                         for s, i in zip(shard_of, indices, strict=True)])
 
-    def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, step: int, rank: int, world_size: int,
+              batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = step * world_size * batch_size + rank * batch_size
         rows = torch.from_numpy(self.rows(np.arange(start, start + batch_size)).astype(np.int64))
         return rows[:, :-1], rows[:, 1:]

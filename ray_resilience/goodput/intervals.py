@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import statistics
 from collections.abc import Sequence
 
@@ -60,7 +61,7 @@ def step_intervals(timeline: RunTimeline) -> list[StepInterval]:
     saves = sorted(timeline.saves, key=lambda e: e.t)
     save_times = [s.t for s in saves]
     intervals = []
-    for a, b in zip(steps, steps[1:]):
+    for a, b in itertools.pairwise(steps):
         if b.step <= a.step or _any_between(faults, a.t, b.t):
             continue
         lo, hi = bisect.bisect_right(save_times, a.t), bisect.bisect_right(save_times, b.t)

@@ -17,6 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from ray_resilience.goodput.report import compute_goodput
+from ray_resilience.goodput.table import pct, secs
 from ray_resilience.goodput.timeline import RECOVERY_PHASES, RunTimeline
 
 if TYPE_CHECKING:
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
 
 TimelineLike = Union[RunTimeline, "GoodputReport"]
 
-_PHASE_COLORS = dict(zip(RECOVERY_PHASES, ("#f4a261", "#e76f51", "#9b5de5", "#2a9d8f", "#8ab17d")))
+_PHASE_COLORS = dict(
+    zip(RECOVERY_PHASES, ("#f4a261", "#e76f51", "#9b5de5", "#2a9d8f", "#8ab17d"), strict=True))
 _FAULT_COLOR = "#d62828"
 _COMMIT_COLOR = "#1d3557"
 
@@ -44,7 +47,7 @@ def plot_timeline(timeline_or_report: TimelineLike, path: str, *, title: str | N
     _mark_faults(ax, timeline, t0, color=_FAULT_COLOR, labels=True)
     commits = [(c.t - t0, c.step) for c in timeline.commits]
     if commits:
-        ax.scatter(*zip(*commits), marker="|", s=140, color=_COMMIT_COLOR, zorder=3)
+        ax.scatter(*zip(*commits, strict=True), marker="|", s=140, color=_COMMIT_COLOR, zorder=3)
     handles = [Line2D([], [], color="#264653", label="completed step"),
                Line2D([], [], color=_FAULT_COLOR, linestyle="--", label="fault"),
                Line2D([], [], color=_COMMIT_COLOR, marker="|", linestyle="", markersize=12,
@@ -81,8 +84,6 @@ def plot_comparison(
 
 def _split(item: TimelineLike) -> tuple[RunTimeline, GoodputReport | None]:
     if isinstance(item, RunTimeline):
-        from ray_resilience.goodput.report import compute_goodput
-
         return item, compute_goodput(item) if item.t_start is not None else None
     if item.timeline is None:
         raise ValueError("the GoodputReport has no timeline; pass the RunTimeline instead.")
@@ -126,7 +127,6 @@ def _mark_faults(ax: Axes, timeline: RunTimeline, t0: float, *, color: str, labe
 def _summary(report: GoodputReport | None) -> str:
     if report is None:
         return "run timeline"
-    from ray_resilience.goodput.table import pct, secs
 
     return (f"training goodput {pct(report.training_goodput)}, infra goodput "
             f"{pct(report.infra_goodput)}, recovery p50 {secs(report.recovery_p50_s)}, "

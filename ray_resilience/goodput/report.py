@@ -124,7 +124,8 @@ def compute_goodput(
     if timeline.t_start is None:
         raise ValueError("timeline has no run_started event; nothing to compute.")
     if steady_window not in STEADY_WINDOWS:
-        raise ValueError(f"steady_window={steady_window!r} is invalid; use one of {STEADY_WINDOWS}.")
+        raise ValueError(f"steady_window={steady_window!r} is invalid; "
+                         f"use one of {STEADY_WINDOWS}.")
     timeline = timeline.snapshot()  # the supervisor may keep recording while this runs
     if steady_step_time_s is not None and not steady_step_time_s > 0:
         raise ValueError(

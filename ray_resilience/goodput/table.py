@@ -58,7 +58,8 @@ def _fault_rows(faults: tuple[FaultRecovery, ...]) -> list[str]:
     for fault in faults:
         rows.append([_cell(getattr(fault, attr)) for _, attr in _COLUMNS])
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
 
 
 def _cell(value: object) -> str:

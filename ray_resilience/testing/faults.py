@@ -19,7 +19,7 @@ from typing import Any
 FAULT_PHASES: tuple[str, ...] = ("step", "init", "checkpoint_save", "checkpoint_load", "validation")
 
 
-class FaultKind(str, enum.Enum):
+class FaultKind(str, enum.Enum):  # noqa: UP042 - StrEnum would change str(kind)
     """What an injected fault does. Values are the strings used in plans and JSON."""
 
     EXCEPTION = "exception"  # the train function raises InjectedFault

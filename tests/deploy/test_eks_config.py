@@ -148,7 +148,8 @@ def test_pods_fit_their_nodes() -> None:
         assert instance_type in CAPACITY, f"add {instance_type}'s vCPUs and memory to CAPACITY"
         # Huge pages are carved out of the node's memory before the kubelet hands any out.
         wanted = {"cpu": quantity(requests["cpu"]),
-                  "memory": quantity(requests["memory"]) + quantity(requests.get("hugepages-2Mi", 0))}
+                  "memory": (quantity(requests["memory"])
+                             + quantity(requests.get("hugepages-2Mi", 0)))}
         for key, amount in wanted.items():
             free = CAPACITY[instance_type][key] - HEADROOM[key]
             assert amount <= free, (instance_type, key, amount, free)
@@ -169,14 +170,16 @@ def test_fsx_steps_use_the_cluster_zone_region_and_name() -> None:
                    "AZ": gpu_group()["availabilityZones"][0]}
     assert '"Name=availability-zone,Values=$AZ"' in doc, "the subnet must be looked up by $AZ"
     create = doc[doc.index("aws fsx create-file-system"):doc.index("--query FileSystem.")]
-    for flag in ("--storage-capacity 1200", "DeploymentType=SCRATCH_2", '--subnet-ids "$SUBNET_ID"'):
+    for flag in ("--storage-capacity 1200", "DeploymentType=SCRATCH_2",
+                 '--subnet-ids "$SUBNET_ID"'):
         assert flag in create, flag
 
 
 def test_fsx_doc_placeholders_exist_in_the_manifests_it_edits() -> None:
     """A `sed s/placeholder/` whose placeholder is gone would silently leave the manifest as is."""
     doc = (EKS / "fsx-filesystem.md").read_text()
-    edits = re.findall(r"sed -i ((?:-e )?\"s/.*?)\s+cluster_configs/(\S+\.yaml)", doc, flags=re.DOTALL)
+    edits = re.findall(r"sed -i ((?:-e )?\"s/.*?)\s+cluster_configs/(\S+\.yaml)", doc,
+                       flags=re.DOTALL)
     assert len(edits) == 2, edits
     for script, manifest in edits:
         text = (CONFIGS / manifest).read_text()
@@ -199,7 +202,8 @@ def test_fsx_csi_addon_can_provision_the_storage_class() -> None:
     addons = {a["name"]: a for a in cluster()["addons"]}
     assert "eks-pod-identity-agent" in addons, "the FSx CSI add-on authenticates via Pod Identity"
     grants = addons["aws-fsx-csi-driver"]["podIdentityAssociations"]
-    assert any(g["serviceAccountName"] == "fsx-csi-controller-sa" and g["namespace"] == "kube-system"
+    assert any(g["serviceAccountName"] == "fsx-csi-controller-sa"
+               and g["namespace"] == "kube-system"
                and any(p.endswith(":policy/AmazonFSxFullAccess") for p in g["permissionPolicyARNs"])
                for g in grants), grants
     storage = list(yaml.safe_load_all((CONFIGS / "fsx-storage.yaml").read_text()))
@@ -230,6 +234,6 @@ def test_readme_walks_up_in_order_and_cleans_up_in_reverse() -> None:
             "eksctl delete cluster -f cluster_configs/eks/cluster.yaml"]
     for steps in (up, down):
         positions = [readme.find(step) for step in steps]
-        assert -1 not in positions, [s for s, p in zip(steps, positions) if p < 0]
+        assert -1 not in positions, [s for s, p in zip(steps, positions, strict=True) if p < 0]
         assert positions == sorted(positions), steps
     assert readme.find(down[0]) > readme.find(up[-1])

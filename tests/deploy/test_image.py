@@ -166,7 +166,8 @@ def test_dockerfile_structure() -> None:
 def test_dockerfile_documents_the_p5_efa_and_nccl_settings() -> None:
     env = env_values(dockerfile())
     worker = rayjob(P5)["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
-    manifest_env = {e["name"]: e["value"] for e in worker["template"]["spec"]["containers"][0]["env"]}
+    container = worker["template"]["spec"]["containers"][0]
+    manifest_env = {e["name"]: e["value"] for e in container["env"]}
     knobs = {k: v for k, v in manifest_env.items() if k.startswith(("FI_", "NCCL_"))}
     assert knobs.keys() >= {"FI_PROVIDER", "NCCL_SOCKET_IFNAME"}
     assert {k: env.get(k) for k in knobs} == knobs

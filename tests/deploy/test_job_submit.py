@@ -167,7 +167,7 @@ def _start_head(temp_dir: str) -> LocalHead:
         "--metrics-export-port", str(metrics), "--runtime-env-agent-port", str(env_agent),
         "--node-manager-port", str(manager), "--object-manager-port", str(objects),
     ]  # fmt: skip
-    log = open(os.path.join(temp_dir, "ray-start.log"), "wb")  # noqa: SIM115 (child owns it)
+    log = open(os.path.join(temp_dir, "ray-start.log"), "wb")  # noqa: SIM115 - the child process owns it
     process = subprocess.Popen(
         command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -199,7 +199,7 @@ def local_head() -> Iterator[LocalHead]:
     """A private Ray head for this module; always stopped, and checked for leftover processes."""
     pytest.importorskip("ray")
     try:
-        import aiohttp  # noqa: F401  (the dashboard's web server)
+        import aiohttp  # noqa: F401, PLC0415 - the probe: ImportError is the answer
     except ImportError:
         pytest.fail("`ray job submit` needs the dashboard: pip install 'ray[default]==2.60.*'")
     temp_dir = tempfile.mkdtemp(prefix="rr-head-", dir="/tmp")  # short: Ray's socket paths
@@ -224,7 +224,7 @@ def _submit(head: LocalHead, job_id: str, *entrypoint: str) -> None:
 
 def _committed_steps(run_dir: Path) -> list[str]:
     """Step folders holding the commit marker (see ray_resilience/checkpoint/layout.py)."""
-    from ray_resilience._internal.checkpoint.format.layout import CHECKPOINTS_DIR, MANIFEST_NAME
+    from ray_resilience._internal.checkpoint.format.layout import CHECKPOINTS_DIR, MANIFEST_NAME  # noqa: PLC0415 - tests/deploy run without torch
 
     root = run_dir / CHECKPOINTS_DIR
     return sorted(p.name for p in root.glob("step_*") if (p / MANIFEST_NAME).is_file())

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "monitoring" / "prometheus-rules.yaml"
 DASHBOARD = REPO / "monitoring" / "grafana-dashboard.json"
 PROMTOOL = shutil.which("promtool")
-NO_PROMTOOL = "promtool not installed (Debian: apt-get install -y --no-install-recommends prometheus)"
+NO_PROMTOOL = ("promtool not installed "
+               "(Debian: apt-get install -y --no-install-recommends prometheus)")
 # Tags the rules use before the exporter sets them (see the rank rule in prometheus-rules.yaml).
 PENDING_TAGS = {"rank"}
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
@@ -167,7 +168,8 @@ def test_promtool_accepts_rules_and_dashboard_queries(tmp_path: Path) -> None:
             expr = expr.replace(var, value)
         assert "$" not in expr, expr
         queries.append({"record": f"dashboard:query:n{i}", "expr": expr})
-    (tmp_path / "dash.yaml").write_text(yaml.safe_dump({"groups": [{"name": "d", "rules": queries}]}))
+    rules = {"groups": [{"name": "d", "rules": queries}]}
+    (tmp_path / "dash.yaml").write_text(yaml.safe_dump(rules))
     run = promtool("check", "rules", str(tmp_path / "dash.yaml"))
     assert run.returncode == 0, run.stdout + run.stderr
 

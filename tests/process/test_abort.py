@@ -52,7 +52,7 @@ def run_ranks(scenario: str, arg: str = "", timeout_s: float = RANK_TIMEOUT_S
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return [_result(proc.returncode, out) for proc, out in zip(procs, outputs)]
+    return [_result(proc.returncode, out) for proc, out in zip(procs, outputs, strict=True)]
 
 
 def _result(returncode: int, output: str) -> dict[str, Any]:

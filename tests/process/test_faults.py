@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from ray_resilience.testing.fire import HarnessFaultError, fire
 from ray_resilience.testing import Fault, FaultKind, FaultPlan, InjectedFault
+from ray_resilience.testing.fire import HarnessFaultError, fire
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AWS_KINDS = ["exception", "sigkill", "hang"]

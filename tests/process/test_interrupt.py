@@ -39,7 +39,7 @@ def test_async_raise_interrupts_a_python_sleep_loop_past_except_exception():
             while True:
                 try:
                     time.sleep(0.01)
-                except Exception:  # noqa: BLE001, S110 - user code swallowing errors must not
+                except Exception:  # noqa: BLE001 - user code swallowing errors must not
                     pass  # swallow the interrupt
         except TrainingInterrupted as exc:
             box["exc"] = exc

@@ -12,13 +12,13 @@ import zlib
 import pytest
 import ray
 
-from ray_resilience.checkpoint import StoragePermissionError
 from ray_resilience._internal.checkpoint.format.commit import read_manifest
 from ray_resilience._internal.checkpoint.format.shard_io import read_verified
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience.checkpoint import StoragePermissionError
+from tests.ray.test_checkpoint_ray import start_service, step_folder, wait_committed
 from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
 from tests.unit.test_checkpoint_commit import tmpfs
-from tests.ray.test_checkpoint_ray import start_service, step_folder, wait_committed
 
 pytestmark = pytest.mark.timeout(300)
 MARKER = "/tmp/rr-checkpoint-exploit-ran"
@@ -87,8 +87,8 @@ def test_unsafe_extra_raises_type_error_naming_the_key(ray_session, tmp_path):
         pass
 
     def save_bad(spec):
-        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
-        from ray_resilience.examples.llama import build_model
+        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer  # noqa: PLC0415 - runs on the rank
+        from ray_resilience.examples.llama import build_model  # noqa: PLC0415 - runs on the rank
 
         ckpt = RankCheckpointer(spec, rank=0, world_size=1)
         try:

@@ -17,10 +17,14 @@ import ray
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ray_resilience.checkpoint import CheckpointConfig
-from ray_resilience._internal.checkpoint.service.service import CheckpointService
+from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra
 from ray_resilience._internal.checkpoint.format.local_roots import node_root
-from ray_resilience._internal.checkpoint.rank.snapshot import state_dict_of
+from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, state_dict_of
+from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+from ray_resilience._internal.checkpoint.service.service import CheckpointService
+from ray_resilience._internal.checkpoint.service.warm_import import dumps
+from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket
+from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.examples.llama import build_model
 from tests.support.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
 from tests.support.procfs import SCHED_BATCH, SCHED_IDLE, SCHED_OTHER, thread_policies
@@ -28,7 +32,8 @@ from tests.support.procfs import SCHED_BATCH, SCHED_IDLE, SCHED_OTHER, thread_po
 pytestmark = pytest.mark.timeout(300)
 
 
-def start_service(storage_path: str, world_size: int, run: str = "run", **config) -> CheckpointService:
+def start_service(storage_path: str, world_size: int, run: str = "run",
+                  **config) -> CheckpointService:
     """A service for the harness ranks. The local tier is off unless asked for: these tests are
     about committed checkpoints, which a newer local snapshot would otherwise shadow on load."""
     config.setdefault("local_interval_steps", 0)
@@ -171,7 +176,8 @@ def test_replica_restores_a_rank_whose_writer_is_gone(ray_session, tmp_path):
         deadline = time.monotonic() + 60
         while True:
             writers = service.stats()["writers"]
-            held = sorted(((w.get("memory_tier_steps"), w.get("replica_steps")) for w in writers), key=repr)
+            held = sorted(((w.get("memory_tier_steps"), w.get("replica_steps")) for w in writers),
+                          key=repr)
             if held == [({0: 3}, {1: 3}), ({1: 3}, {0: 3})]:
                 break
             assert time.monotonic() < deadline, f"replicas not held: {writers}"
@@ -179,7 +185,8 @@ def test_replica_restores_a_rank_whose_writer_is_gone(ray_session, tmp_path):
         assert service.stats()["memory_bytes"] >= 2 * sum(w["memory_tier_bytes"] for w in writers)
         # An older commit's broadcast that runs late (the writer is a threaded actor) drops nothing.
         ray.get(service.rank_spec(0).writer.on_commit.remote("0" * 16, 1, 0, {}))
-        after = {w["writer_id"]: (w["memory_tier_steps"], w["replica_steps"]) for w in service.stats()["writers"]}
+        after = {w["writer_id"]: (w["memory_tier_steps"], w["replica_steps"])
+                 for w in service.stats()["writers"]}
         assert after[service.rank_spec(0).writer_id] == ({0: 3}, {1: 3}), after
         ray.kill(service.rank_spec(1).writer)
         loaded = on_all(ranks, "load")
@@ -231,7 +238,8 @@ def test_resumed_run_ends_bit_equal_to_an_uninterrupted_one(ray_session, tmp_pat
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
 def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, damage):
-    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=2, memory_tier=False))
+    service, ranks = start_with(
+        lambda: start_service(str(tmp_path), 2, interval_steps=2, memory_tier=False))
     try:
         on_all(ranks, "train", 2)
         assert all(on_all(ranks, "wait_idle"))
@@ -258,7 +266,8 @@ def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, d
 
 
 def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
-    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block"))
+    service, ranks = start_with(lambda: start_service(
+        str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block"))
     try:
         service.wait_ready(timeout_s=60)  # the writer imported DCP
         on_all(ranks, "train", 5)
@@ -278,17 +287,12 @@ def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
         service.shutdown()
 
 
-def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ray_session, tmp_path):
+def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ray_session,
+                                                                               tmp_path):
     """A rank sends its save plan (every item, the planner data) to a writer once; later tickets
     carry only the plan's id. A writer that does not hold the plan (a replacement, or a new
     plan) answers NEED_PLAN and takes nothing; once it holds it, a lean ticket's shard is
     written with every item."""
-    from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra
-    from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
-    from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
-    from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket
-    from ray_resilience._internal.checkpoint.service.warm_import import dumps
-
     service = start_service(str(tmp_path), 1)
     try:
         writer = service.rank_spec(0).writer
@@ -300,7 +304,8 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
 
         def ticket(step: int, *, lean: bool) -> bytes:
             return dumps(SaveTicket(session=session, step=step, rank=0, world_size=1,
-                                    items=None if lean else source.items, owned=[True] * len(source.items),
+                                    items=None if lean else source.items,
+                                    owned=[True] * len(source.items),
                                     planner_data=None if lean else source.planner_data,
                                     staged_at=time.time(), plan_id=source.plan_id))
 
@@ -317,8 +322,8 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
             assert outcome is not None and outcome.ok, outcome
         assert ray.get(writer.stats.remote())["received"] == 2
         # The lean ticket's shard holds every item, as the full one's does.
-        sizes = [os.path.getsize(os.path.join(step_folder(str(tmp_path), "run", step), "__0_0.distcp"))
-                 for step in (1, 2)]
+        sizes = [os.path.getsize(os.path.join(step_folder(str(tmp_path), "run", step),
+                                              "__0_0.distcp")) for step in (1, 2)]
         assert sizes[0] == sizes[1] > buffers.nbytes, sizes
     finally:
         service.shutdown()
@@ -336,7 +341,8 @@ def test_a_ranks_checkpoint_threads_never_preempt_its_training_thread(two_ranks)
 
 
 @pytest.mark.parametrize("policy, expected", [("coalesce", SCHED_IDLE), ("block", SCHED_OTHER)])
-def test_writers_run_below_the_ranks_unless_training_waits_for_them(ray_session, tmp_path, policy, expected):
+def test_writers_run_below_the_ranks_unless_training_waits_for_them(ray_session, tmp_path, policy,
+                                                                    expected):
     """By default every thread of a writer is at SCHED_IDLE (5), below any rank thread; under
     `block` training waits for the writer, which keeps Ray's SCHED_OTHER (0)."""
     service = start_service(str(tmp_path), 1, in_flight_policy=policy)

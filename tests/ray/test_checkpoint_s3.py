@@ -8,10 +8,10 @@ import time
 import pytest
 import ray
 
-from ray_resilience.checkpoint import CheckpointConfig, StoragePermissionError
 from ray_resilience._internal.checkpoint.service.service import CheckpointService
-from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
+from ray_resilience.checkpoint import CheckpointConfig, StoragePermissionError
 from tests.ray.test_checkpoint_ray import assert_same, wait_committed
+from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
 
 pytestmark = pytest.mark.timeout(400)
 OUTAGE_CONFIG = dict(num_storage_retries=1000, storage_retry_backoff_s=0.2,
@@ -23,11 +23,13 @@ def start_s3_service(server, prefix: str, world_size: int = 2, **config) -> Chec
     node = ray.get_runtime_context().get_node_id()
     return CheckpointService.start(
         storage_path=server.uri(prefix), run_name="run", storage_filesystem=None,
-        world_size=world_size, node_ids_by_rank=[node] * world_size, config=CheckpointConfig(**config))
+        world_size=world_size, node_ids_by_rank=[node] * world_size,
+        config=CheckpointConfig(**config))
 
 
 def keys(server, prefix: str) -> list[str]:
-    listing = server.client().list_objects_v2(Bucket=server.bucket, Prefix=f"{prefix}/run/checkpoints/")
+    listing = server.client().list_objects_v2(Bucket=server.bucket,
+                                              Prefix=f"{prefix}/run/checkpoints/")
     return sorted(o["Key"].split("/checkpoints/")[1] for o in listing.get("Contents", []))
 
 
@@ -47,7 +49,8 @@ def s3_run(ray_session, s3_server, request):
     """A service on S3 plus two ranks that committed step 1."""
     prefix = f"t-{request.node.name.replace('[', '-').replace(']', '')}-{time.time_ns()}"
     config = getattr(request, "param", {})
-    service, ranks = start_with(lambda: start_s3_service(s3_server, prefix, **OUTAGE_CONFIG, **config))
+    service, ranks = start_with(
+        lambda: start_s3_service(s3_server, prefix, **OUTAGE_CONFIG, **config))
     on_all(ranks, "train", 1, save=False)
     on_all(ranks, "save", 1)
     wait_committed(service, 1)

@@ -12,8 +12,8 @@ import time
 import pytest
 import ray
 
-from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
 from tests.ray.test_checkpoint_ray import assert_same, start_service, wait_committed
+from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
 
 pytestmark = pytest.mark.timeout(300)
 DELAY_S = 0.6
@@ -23,7 +23,8 @@ DELAY_S = 0.6
 def ranks_with_slow_copy(ray_session, tmp_path, request):
     # "overlap" explicitly (the default "auto" also overlaps the tiny model's 0.75 MB per rank).
     config = {"snapshot": "overlap", **getattr(request, "param", {})}
-    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, **config), copy_delay_s=DELAY_S)
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, **config),
+                                copy_delay_s=DELAY_S)
     on_all(ranks, "train", 2, save=False)
     yield service, ranks
     stop_ranks(ranks)
@@ -37,14 +38,16 @@ def test_optimizer_step_right_after_save_waits_for_the_copy(ranks_with_slow_copy
     wait_committed(service, 3)
     stats = on_all(ranks, "stats")
     # The copy started DELAY_S late, so the step could only have been held by the guard.
-    assert all(max(s["guard_wait_s"]) > DELAY_S * 0.5 for s in stats), [s["guard_wait_s"] for s in stats]
+    assert all(max(s["guard_wait_s"]) > DELAY_S * 0.5 for s in stats), \
+        [s["guard_wait_s"] for s in stats]
     assert all(s["torn"] == 0 if "torn" in s else True for s in stats)
     loaded = on_all(ranks, "load")
     assert [r["step"] for r in loaded] == [3, 3]
     assert_same(expected, on_all(ranks, "full_state")[0])
 
 
-def test_in_place_write_during_the_copy_drops_the_save_and_keeps_the_last_commit(ranks_with_slow_copy):
+def test_in_place_write_during_the_copy_drops_the_save_and_keeps_the_last_commit(
+        ranks_with_slow_copy):
     service, ranks = ranks_with_slow_copy
     on_all(ranks, "save", 2)
     assert all(on_all(ranks, "wait_idle"))
@@ -61,8 +64,9 @@ def test_in_place_write_during_the_copy_drops_the_save_and_keeps_the_last_commit
 
 
 # "auto" with the tiny model's state (~0.75 MB per rank) below auto_sync_max_bytes: sync.
-@pytest.mark.parametrize("ranks_with_slow_copy", [{"snapshot": "sync"},
-                                                  {"snapshot": "auto", "auto_sync_max_bytes": 8 * 2**20}],
+@pytest.mark.parametrize("ranks_with_slow_copy",
+                         [{"snapshot": "sync"},
+                          {"snapshot": "auto", "auto_sync_max_bytes": 8 * 2**20}],
                          indirect=True)
 def test_sync_snapshot_is_exact_even_under_in_place_writes(ranks_with_slow_copy):
     service, ranks = ranks_with_slow_copy

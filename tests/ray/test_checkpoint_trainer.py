@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import ray_resilience as rr
-from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience._internal.checkpoint.format.commit import committed_steps
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience.checkpoint import CheckpointConfig
 from tests.support import workload
 
 pytestmark = pytest.mark.timeout(400)
@@ -25,7 +25,8 @@ def fit(data_dir: str, storage: str, name: str, max_steps: int) -> rr.Result:
     return workload.fit(data_dir, storage, name, max_steps=max_steps, resilience=resilience)
 
 
-def test_second_fit_resumes_from_last_commit_and_matches_uninterrupted(clean_run, token_data_dir, tmp_path):
+def test_second_fit_resumes_from_last_commit_and_matches_uninterrupted(clean_run, token_data_dir,
+                                                                      tmp_path):
     store = str(tmp_path)
     clean = clean_run(2, 12)  # the session's uninterrupted run of the same loop
     first = fit(token_data_dir, store, "resumed", max_steps=8)

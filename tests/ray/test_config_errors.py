@@ -30,7 +30,8 @@ def test_scaling_config_errors(kwargs, field):
 @pytest.mark.parametrize("kwargs, field", [
     ({"step_timeout_s": -1}, "step_timeout_s"),
     ({"progress_interval_s": 0}, "progress_interval_s"),
-    ({"progress_interval_s": 5, "step_timeout_s": 2, "first_step_timeout_s": 10}, "progress_interval_s"),
+    ({"progress_interval_s": 5, "step_timeout_s": 2, "first_step_timeout_s": 10},
+     "progress_interval_s"),
     ({"step_timeout_s": 50, "first_step_timeout_s": 10}, "step_timeout_s"),
     ({"step_timeout_s": 50, "process_group_timeout_s": 40}, "process_group_timeout_s"),
 ])

@@ -27,7 +27,8 @@ def clean_runs(clean_run):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("num_workers", [2, 3])
-def test_exceptions_on_several_ranks_end_bit_equal(clean_runs, token_data_dir, tmp_path, num_workers):
+def test_exceptions_on_several_ranks_end_bit_equal(clean_runs, token_data_dir, tmp_path,
+                                                    num_workers):
     plan = FaultPlan.explicit([
         Fault(step=3, rank=1, kind="exception"),
         Fault(step=6, rank=0, kind="exception"),
@@ -96,8 +97,8 @@ def test_restart_storm_without_progress_stops(ray_session, tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_default_config_resumes_from_the_step_that_failed_without_storage_saves(clean_runs, token_data_dir,
-                                                                                tmp_path):
+def test_default_config_resumes_from_the_step_that_failed_without_storage_saves(
+        clean_runs, token_data_dir, tmp_path):
     """`ResilienceConfig.default()` without a checkpoint interval: nothing is committed to
     storage, yet each exception resumes from the local snapshot of the step it hit (before the
     local tier, such a run started over from step 0 at every restart)."""
@@ -110,7 +111,8 @@ def test_default_config_resumes_from_the_step_that_failed_without_storage_saves(
     assert result.ok, result.error
     assert result.checkpoint["latest_committed_step"] is None
     faults = result.goodput.faults
-    assert [(f.checkpoint_tier, f.resumed_from_step) for f in faults] == [("local", 4), ("local", 9)], faults
+    assert [(f.checkpoint_tier, f.resumed_from_step) for f in faults] \
+        == [("local", 4), ("local", 9)], faults
     assert [v["resumed_from"] for v in result.return_values] == [9, 9]
     for rank in range(2):
         workload.assert_bit_equal(result.return_values[rank]["state"],

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-
 from ray_resilience._internal.supervisor import metrics as metrics_module
-from ray_resilience._internal.supervisor.metrics import EXPORTED_METRICS, RunMetrics, prometheus_names
+from ray_resilience._internal.supervisor.metrics import (
+    EXPORTED_METRICS,
+    RunMetrics,
+    prometheus_names,
+)
 from ray_resilience.goodput import compute_goodput
 from tests.unit.test_goodput import rollback_run
 
@@ -40,7 +43,7 @@ def test_no_op_without_ray_or_when_disabled(monkeypatch):
 def test_records_inside_ray(ray_session):
     run_metrics = RunMetrics("test-run")
     assert run_metrics.active
-    created = run_metrics._metrics  # noqa: SLF001 - the Ray metric objects themselves
+    created = run_metrics._metrics
     assert tuple(created) == EXPORTED_METRICS
     assert [m.info["name"] for m in created.values()] == list(EXPORTED_METRICS)
     assert all(m.info["default_tags"] == {"run": "test-run"} for m in created.values())

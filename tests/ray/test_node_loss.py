@@ -54,8 +54,9 @@ def test_node_removed_without_grace_during_training(clean_run, token_data_dir, t
                 if load["attempt"] > fault["attempt"] and load["rank"] == moved]
     assert recovery, out["loads"]
     load = recovery[0]
-    assert (load["tier"], load["replica"], load["step"]) == ("memory", True, out["log"]["replicated_step"]) \
-        or (load["tier"] == "storage" and load["step"] > out["log"]["replicated_step"]), (load, out["log"])
+    replicated = out["log"]["replicated_step"]
+    assert (load["tier"], load["replica"], load["step"]) == ("memory", True, replicated) \
+        or (load["tier"] == "storage" and load["step"] > replicated), (load, out["log"])
 
 
 @pytest.mark.slow  # 1.5-5 min: after a node dies, Ray's agents on the simulated cluster spin
@@ -69,7 +70,8 @@ def test_lost_node_without_capacity_shrinks_to_min_workers(token_data_dir, tmp_p
 
 @pytest.mark.slow  # ~1.5 min: a 4-node simulated cluster, a twice-faulted run
 @pytest.mark.timeout(420)
-def test_node_that_keeps_failing_is_excluded_and_its_rank_moves(clean_run, token_data_dir, tmp_path):
+def test_node_that_keeps_failing_is_excluded_and_its_rank_moves(clean_run, token_data_dir,
+                                                                tmp_path):
     out = _run("exclude", token_data_dir, str(tmp_path / "store"), clean_run(2, 12))
     assert out["ok"], out["error"]
     first, second = out["faults"]

@@ -14,7 +14,7 @@ STEPS = 12
 
 @pytest.mark.timeout(300)
 def test_faults_in_every_phase_end_bit_equal(clean_run, token_data_dir, tmp_path):
-    clean = clean_run(2, STEPS)  # validation changes no parameter: the plain clean run is the oracle
+    clean = clean_run(2, STEPS)  # validation changes no parameter: the plain run is the oracle
     plan = FaultPlan.explicit([
         Fault(step=1, rank=1, kind="exception", phase="init"),
         Fault(step=4, rank=0, kind="exception", phase="checkpoint_save"),

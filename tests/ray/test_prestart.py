@@ -13,12 +13,13 @@ import time
 import psutil
 import pytest
 import ray
+from ray import cloudpickle
 
 from ray_resilience import InJobConfig
-from ray_resilience.errors import ConfigError
 from ray_resilience._internal.rank import preimport
-from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
 from ray_resilience._internal.rank.actor import WorkerActor
+from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
+from ray_resilience.errors import ConfigError
 from tests.support.procfs import SCHED_IDLE, thread_policies
 
 pytestmark = pytest.mark.timeout(90)
@@ -81,8 +82,6 @@ def _idle_class_threads(pid: int) -> list[int]:
 
 
 def _rank_actor(env: dict[str, str]):
-    from ray import cloudpickle
-
     return ray.remote(WorkerActor).options(num_cpus=0, runtime_env={"env_vars": env}).remote(
         cloudpickle.dumps(lambda config: None), None, None)
 
@@ -163,7 +162,7 @@ def test_disabled_prestarter_sends_nothing(ray_session):
     node = ray.get_runtime_context().get_node_id()
     for prestarter in (WorkerPrestarter(0), WorkerPrestarter(1, enabled=False)):
         sent: list[list[str]] = []
-        prestarter._send = lambda nodes, env: sent.append(nodes)  # what would go to the raylet
+        prestarter._send = lambda nodes, env, sent=sent: sent.append(nodes)  # to the raylet
         assert prestarter.request([node]) == [] and sent == [] and prestarter.requested == {}
 
 

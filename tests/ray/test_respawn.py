@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 import ray_resilience as rr
+from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import RestartLimitError, WorkerDiedError
 from ray_resilience.testing import Fault, FaultPlan
-from ray_resilience.checkpoint import CheckpointConfig
 from tests.support import workload
 
 STEPS = 12
@@ -46,13 +46,15 @@ def test_killed_ranks_are_replaced(clean, token_data_dir, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, token_data_dir, tmp_path):
+def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, token_data_dir,
+                                                                      tmp_path):
     """An exception (in-process restart), then a SIGKILL (respawn on this node), with a
     committed checkpoint every 5 steps: both resume from the local snapshot of the step they
     failed at (or the one before), not from step 5; the run ends bit-equal to no faults."""
     plan = FaultPlan.explicit([Fault(step=7, rank=1, kind="exception"),
                                   Fault(step=9, rank=1, kind="sigkill")])
-    resilience = dataclasses.replace(_resilience(plan), checkpoint=CheckpointConfig(interval_steps=5))
+    resilience = dataclasses.replace(_resilience(plan),
+                                     checkpoint=CheckpointConfig(interval_steps=5))
     # 0.3 s per step: progress (forwarded every 0.25 s) reaches the supervisor between the two
     # faults; a step counts as done once every rank reported it, and reports still queued in a
     # SIGKILLed process are lost, which would leave the first recovery without its first step.
@@ -66,10 +68,11 @@ def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, tok
     faults = result.goodput.faults
     assert [f.checkpoint_tier for f in faults] == ["local", "local"], faults
     # The injected steps (the supervisor's `step_at_fault` may lag the ranks by a progress report).
-    assert [f.resumed_from_step in (p.step - 1, p.step) for f, p in zip(faults, plan, strict=True)] \
-        == [True, True], faults
+    assert [f.resumed_from_step in (p.step - 1, p.step)
+            for f, p in zip(faults, plan, strict=True)] == [True, True], faults
     assert all(f.steps_redone <= 1 for f in faults), [f.steps_redone for f in faults]
-    assert [(v["tier"], v["resumed_from"] in (8, 9)) for v in result.return_values] == [("local", True)] * 2
+    assert [(v["tier"], v["resumed_from"] in (8, 9)) for v in result.return_values] \
+        == [("local", True)] * 2
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
@@ -86,11 +89,13 @@ def test_native_hang_escalates_to_respawn_onto_a_warm_spare(clean, token_data_di
     result = workload.fit(token_data_dir, str(tmp_path), "native", max_steps=STEPS, sleep_s=0.3,
                           resilience=_resilience(plan, num_spares=1, num_prestarted_workers=0))
     assert result.ok, result.error
-    assert [(f["cause"], f["respawned"]) for f in result.faults] == [("hang", [1]), ("actor_died", [1])]
+    assert [(f["cause"], f["respawned"]) for f in result.faults] \
+        == [("hang", [1]), ("actor_died", [1])]
     assert all(f.recovery_s is not None for f in result.goodput.faults)
     hang, kill = (f["t_fault"] for f in result.faults)
     # Rank 1 ends on the replenished spare: started after the hang, before the kill.
-    assert hang < result.return_values[1]["started_at"] < kill, (hang, result.return_values[1], kill)
+    assert hang < result.return_values[1]["started_at"] < kill, \
+        (hang, result.return_values[1], kill)
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
@@ -121,22 +126,24 @@ def test_dead_rank_without_in_job_fails_the_run(ray_session, token_data_dir, tmp
 
 
 def _dies_on_start():
-    import os
-    import signal
+    import os  # noqa: PLC0415 - runs on the rank
+    import signal  # noqa: PLC0415 - runs on the rank
 
     if rr.get_context().world_rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 - runs on the rank
 
     dist.barrier()
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("limits, setting", [
-    (dict(max_restarts=20, max_attempts_without_progress=1), "InJobConfig.max_attempts_without_progress"),
+    (dict(max_restarts=20, max_attempts_without_progress=1),
+     "InJobConfig.max_attempts_without_progress"),
     (dict(max_restarts=1, max_attempts_without_progress=3), "InJobConfig.max_restarts"),
 ], ids=["no-progress", "max-restarts"])
-def test_rank_dying_after_every_respawn_stops_at_the_limit_with_typed_error(ray_session, tmp_path, limits, setting):
+def test_rank_dying_after_every_respawn_stops_at_the_limit_with_typed_error(ray_session, tmp_path,
+                                                                            limits, setting):
     """Rank 1 dies at every start (a storm): whichever limit comes first stops the run with a
     typed error naming that setting and the rank, after exactly one respawn."""
     result = rr.ResilientTrainer(

@@ -21,8 +21,8 @@ import os
 import pytest
 
 import ray_resilience as rr
-from ray_resilience.policy import Compose
 from ray_resilience._internal.constants import WORKER_MAX_CONCURRENCY
+from ray_resilience.policy import Compose
 from tests.support import soak_loop
 
 RESTARTS = 100

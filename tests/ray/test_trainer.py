@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import ray._private.state as gcs
 import torch
 
 import ray_resilience as rr
@@ -15,8 +16,6 @@ from tests.support import workload
 
 def _our_leftovers(ray) -> tuple[list, list]:
     """Live actors and placement groups of ours, read from the GCS (no dashboard needed)."""
-    import ray._private.state as gcs
-
     actors = [a for a in gcs.actors().values()
               if a["State"] != "DEAD" and a["ActorClassName"] in ("Worker", "Supervisor")]
     groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
@@ -61,7 +60,7 @@ def test_user_exception_fails_with_type_rank_and_traceback(ray_session, token_da
     def broken(cfg):
         if rr.get_context().world_rank == 1:
             raise KeyError("no such column: 'tokens_v2'")
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415 - runs on the rank
 
         dist.barrier()
 
@@ -96,7 +95,8 @@ def test_context_and_env_vars(ray_session, tmp_path):
         assert value["rank"] == rank and value["world"] == 2 and value["local"] == rank
         assert value["node"] == 0 and value["attempt"] == 0 and value["device"] == "cpu"
         assert value["env"]["RANK"] == str(rank) and value["env"]["WORLD_SIZE"] == "2"
-    assert result.return_values[0]["env"]["MASTER_PORT"] == result.return_values[1]["env"]["MASTER_PORT"]
+    envs = [value["env"] for value in result.return_values]
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
 
 
 def test_report_outside_training_is_a_clear_error():

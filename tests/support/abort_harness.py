@@ -1,5 +1,5 @@
-"""Shared pieces of the collective-abort scenarios (tests/support/abort_rank.py): the stand-in supervisor,
-one attempt's set-up and teardown, the fault protocol, and a small FSDP2 model.
+"""Shared pieces of the collective-abort scenarios (tests/support/abort_rank.py): the stand-in
+supervisor, one attempt's set-up and teardown, the fault protocol, and a small FSDP2 model.
 
 A control TCPStore (rank 0 hosts it) plays the supervisor: it exists before any process group,
 like Ray's own connections, so every abort must leave it working; through it rank 0 hands out a
@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 
 from ray_resilience._internal.process_groups.abort import CollectiveAborter
 from ray_resilience._internal.process_groups.teardown import teardown_process_groups
+from ray_resilience.examples.llama import build_model, causal_lm_loss
 
 WORLD_SIZE = 2
 PG_TIMEOUT_S = 300.0  # far beyond every test timeout: a raise can only come from the abort
@@ -124,10 +126,6 @@ class FsdpRun:
     """A tiny LLaMA sharded with FSDP2 (one group per block + root), AdamW, fixed data."""
 
     def __init__(self) -> None:
-        from torch.distributed.fsdp import fully_shard
-
-        from ray_resilience.examples.llama import build_model
-
         self.model = build_model("tiny", seed=0)
         for block in self.model.layers:
             fully_shard(block)
@@ -136,8 +134,6 @@ class FsdpRun:
         self.tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(0))
 
     def forward(self) -> torch.Tensor:
-        from ray_resilience.examples.llama import causal_lm_loss
-
         return causal_lm_loss(self.model(self.tokens[:, :-1]), self.tokens[:, 1:])
 
     def forward_backward(self, reached: list[str]) -> None:

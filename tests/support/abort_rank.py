@@ -1,7 +1,9 @@
-"""One rank of the collective-abort scenarios in tests/process/test_abort.py (real gloo, real processes).
+"""One rank of the collective-abort scenarios in tests/process/test_abort.py (real gloo, real
+processes).
 
-Run as ``python -m tests.support.abort_rank SCENARIO RANK CONTROL_PORT [ARG]``; the last stdout line is
-``RESULT <json>``. tests/support/abort_harness.py holds the stand-in supervisor and the fault protocol.
+Run as ``python -m tests.support.abort_rank SCENARIO RANK CONTROL_PORT [ARG]``; the last stdout
+line is ``RESULT <json>``. tests/support/abort_harness.py holds the stand-in supervisor and the
+fault protocol.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def scenario_soak(ctl: Control, cycles: str) -> dict[str, Any]:
 
 
 def scenario_rendezvous(ctl: Control, _: str) -> dict[str, Any]:
-    """Rank 0 waits in ``init_process_group`` for a rank 1 that never comes; abort with the store."""
+    """Rank 0 waits in ``init_process_group`` for a rank 1 that never comes; abort with the
+    store."""
     if ctl.rank == 1:
         ctl.attempt += 1
         ctl.wait_aborted()

@@ -14,14 +14,30 @@ service. Ranks that fail that check are killed and replaced by fresh ones.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import socket
+import threading
 from typing import Any
 
 import ray
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from ray_resilience._internal.checkpoint.rank.rank_checkpointer import (
+    COPY_DELAY_ENV_VAR,
+    RankCheckpointer,
+)
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
 VOCAB = 256
@@ -44,11 +60,6 @@ class RankActor:
 
     def __init__(self, rank: int, world_size: int, port: int, spec: Any, preset: str = "tiny",
                  copy_delay_s: float = 0.0) -> None:
-        import torch.distributed as dist
-
-        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
-        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import COPY_DELAY_ENV_VAR
-
         os.environ[COPY_DELAY_ENV_VAR] = str(copy_delay_s)
         torch.set_num_threads(1)
         self.rank, self.world_size = rank, world_size
@@ -58,8 +69,6 @@ class RankActor:
         self.ckpt = RankCheckpointer(spec, rank=rank, world_size=world_size) if spec else None
 
     def _build(self, preset: str) -> None:
-        from torch.distributed.fsdp import fully_shard
-
         self.model = build_model(preset, seed=0)
         for layer in self.model.layers:
             fully_shard(layer)
@@ -69,17 +78,12 @@ class RankActor:
 
     def attach(self, spec: Any, copy_delay_s: float | None = None) -> None:
         """Starts checkpointing with `spec` (for ranks started before their service)."""
-        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
-        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import COPY_DELAY_ENV_VAR
-
         if copy_delay_s is not None:
             os.environ[COPY_DELAY_ENV_VAR] = str(copy_delay_s)
         self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size)
 
     def detach(self) -> None:
         """Closes the checkpointer and drops the model: the rank is parked for reuse."""
-        import gc
-
         if self.ckpt is not None:
             self.ckpt.close()
         self.ckpt = self.model = self.optimizer = None
@@ -88,8 +92,6 @@ class RankActor:
     def reset(self, preset: str) -> float:
         """A parked rank starts over: the model and optimizer from the seed, then one
         all-reduce over the process group (every rank must call it), whose sum it returns."""
-        import torch.distributed as dist
-
         self._build(preset)
         value = torch.ones(1)
         dist.all_reduce(value)
@@ -105,14 +107,12 @@ class RankActor:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             if save and self.ckpt is not None:
-                blocked.append(self.ckpt.maybe_save(self.step, model=self.model, optimizer=self.optimizer,
-                                                    extra=self.extra()))
+                blocked.append(self.ckpt.maybe_save(self.step, model=self.model,
+                                                    optimizer=self.optimizer, extra=self.extra()))
         return blocked
 
     def thread_policies(self) -> dict[str, int]:
         """Scheduling policy of every Python thread of this rank, by name ("caller": this one)."""
-        import threading
-
         found = {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate()}
         found["caller"] = os.sched_getscheduler(0)
         return found
@@ -144,7 +144,8 @@ class RankActor:
                         if torch.is_tensor(value) and value.dim() > 0:
                             value.add_(1.0)
         changed = self.full_state()
-        same = [k for k in expected if torch.equal(expected[k], changed[k]) and not k.endswith(".step")]
+        same = [k for k in expected
+                if torch.equal(expected[k], changed[k]) and not k.endswith(".step")]
         assert not same, f"the mutation left {same[:3]} unchanged"
         return expected
 
@@ -163,9 +164,6 @@ class RankActor:
         return self.optimizer.param_groups[0]["lr"]
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
-
         options = StateDictOptions(full_state_dict=True, cpu_offload=False)
         model = get_model_state_dict(self.model, options=options)
         optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
@@ -179,17 +177,13 @@ class RankActor:
         if loaded is None:
             return None
         self.step = loaded.step
-        return {"step": loaded.step, "tier": loaded.tier, "path": loaded.path, "extra": loaded.extra,
-                "fallbacks": list(loaded.fallbacks), "replica": loaded.replica}
+        return {"step": loaded.step, "tier": loaded.tier, "path": loaded.path,
+                "extra": loaded.extra, "fallbacks": list(loaded.fallbacks),
+                "replica": loaded.replica}
 
     def stock_load(self, path: str) -> dict[str, torch.Tensor]:
         """Loads with plain `torch.distributed.checkpoint.load` (no ray_resilience code) at this
         world size, then returns the full state."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
-            set_optimizer_state_dict)
-
         state = {"model": get_model_state_dict(self.model),
                  "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
         dcp.load(state, checkpoint_id=path)
@@ -204,8 +198,6 @@ class RankActor:
         return self.ckpt.stats()
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         if self.ckpt is not None:
             self.ckpt.close()
         if dist.is_initialized():
@@ -242,7 +234,8 @@ _groups: list[_Group] = []
 
 def _unpark(world_size: int, preset: str) -> list[Any] | None:
     """Parked ranks of that size and preset, reset and checked; None if there are none."""
-    for group in [g for g in _groups if g.parked and g.preset == preset and len(g.ranks) == world_size]:
+    for group in [g for g in _groups
+                  if g.parked and g.preset == preset and len(g.ranks) == world_size]:
         try:
             if on_all(group.ranks, "reset", preset, timeout=60) == [float(world_size)] * world_size:
                 group.parked = False
@@ -272,7 +265,8 @@ def start_with(service_factory: Any, *, world_size: int = 2, preset: str = "tiny
     return service, ranks
 
 
-def on_all(ranks: list[Any], method: str, *args: Any, timeout: float = 150.0, **kwargs: Any) -> list[Any]:
+def on_all(ranks: list[Any], method: str, *args: Any, timeout: float = 150.0,
+           **kwargs: Any) -> list[Any]:
     """Calls `method` on every rank at once (collectives inside) and returns the results."""
     return ray.get([getattr(r, method).remote(*args, **kwargs) for r in ranks], timeout=timeout)
 

@@ -14,15 +14,16 @@ import threading
 import time
 
 import ray
+import ray._private.state as gcs
 from ray.cluster_utils import Cluster
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import ray_resilience as rr  # noqa: E402
-from ray_resilience.testing import Fault, FaultPlan  # noqa: E402
-from ray_resilience.checkpoint import CheckpointConfig  # noqa: E402
-from ray_resilience._internal.constants import SUPERVISOR_NAME_PREFIX  # noqa: E402
-from tests.support import workload  # noqa: E402
+import ray_resilience as rr
+from ray_resilience._internal.constants import SUPERVISOR_NAME_PREFIX
+from ray_resilience.checkpoint import CheckpointConfig
+from ray_resilience.testing import Fault, FaultPlan
+from tests.support import workload
 
 STEPS = 12
 
@@ -44,10 +45,10 @@ def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
             pass
         time.sleep(0.05)
     log["removed_at"] = time.time()
-    import ray._private.state as gcs
 
-    log["placement"] = {a["ActorClassName"]: a["Address"].get("NodeID") if isinstance(a["Address"], dict) else None
-                        for a in gcs.actors().values() if a["State"] == "ALIVE"}
+    log["placement"] = {
+        a["ActorClassName"]: a["Address"].get("NodeID") if isinstance(a["Address"], dict) else None
+        for a in gcs.actors().values() if a["State"] == "ALIVE"}
     log["removed_node"] = node.node_id
     # Like Cluster.remove_node(allow_graceful=False), whose zombie check breaks on Ray 2.60.
     node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
@@ -71,8 +72,6 @@ def _replicated_step(stats: dict | None) -> int | None:
 def _control_nodes(run_name: str) -> set[str]:
     """Nodes of the driver, the run's supervisor and its commit coordinator (the control
     plane, which a real cluster keeps on the head node); waits until both actors exist."""
-    import ray._private.state as gcs
-
     nodes = {ray.get_runtime_context().get_node_id()}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -120,16 +119,18 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
         ray.shutdown()
         cluster.shutdown()
         return
-    in_job = (rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=60.0) if mode == "replace"
-              else rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=5.0, min_workers=1))
+    if mode == "replace":
+        in_job = rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=60.0)
+    else:
+        in_job = rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=5.0, min_workers=1)
     log: dict = {}
     box: dict = {}
     # Node processes can only be killed from the main thread (signals): train in a thread.
     # Replicas of each rank's newest committed shard on the other node's writer: the rank moved
     # to the new node can restore from memory although its writer died with the lost node.
     checkpoint = CheckpointConfig(interval_steps=2, memory_replicas=1)
-    trainer = threading.Thread(target=lambda: box.update(result=fit("lost", rr.ResilienceConfig.default(
-        checkpoint=checkpoint, in_job=in_job))))
+    resilience = rr.ResilienceConfig.default(checkpoint=checkpoint, in_job=in_job)
+    trainer = threading.Thread(target=lambda: box.update(result=fit("lost", resilience)))
     trainer.start()
     # All simulated nodes share one IP, so the driver may be attached to a worker node's raylet
     # and the supervisor (with the commit coordinator) may live there. Remove the other one.

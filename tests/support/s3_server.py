@@ -69,7 +69,7 @@ class S3Server:
         return f"s3://{self.bucket}/{prefix}?endpoint_override={self.endpoint}&scheme=http"
 
     def client(self, *, readonly: bool = False):
-        import boto3
+        import boto3  # noqa: PLC0415 - a plugin of every run, tests/deploy too
 
         key, secret = ((self.readonly_access_key, self.readonly_secret_key) if readonly
                        else (self.access_key, self.secret_key))
@@ -79,7 +79,8 @@ class S3Server:
     def _write_identities(self) -> str:
         path = os.path.join(self.data_dir, "s3.json")
         identities = [
-            {"name": "admin", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            {"name": "admin",
+             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
              "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
             {"name": "reader", "credentials": [{"accessKey": self.readonly_access_key,
                                                 "secretKey": self.readonly_secret_key}],
@@ -101,10 +102,9 @@ class S3Server:
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
                 "-master.telemetry=false", f"-s3.config={self._write_identities()}"]
         os.makedirs(f"{self.data_dir}/data", exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -112,7 +112,8 @@ class S3Server:
         client = self.client()
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"weed mini exited with {self.process.returncode}; see {self.log_path}")
+                raise RuntimeError(f"weed mini exited with {self.process.returncode}; "
+                                   f"see {self.log_path}")
             try:
                 client.list_buckets()
                 return
@@ -155,8 +156,9 @@ def s3_server() -> Iterator[S3Server]:
     server.start()
     try:
         server.client().create_bucket(Bucket=server.bucket)
-        os.environ.update(AWS_ACCESS_KEY_ID=server.access_key, AWS_SECRET_ACCESS_KEY=server.secret_key,
-                          AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+        os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
+                          AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_REGION="us-east-1",
+                          AWS_EC2_METADATA_DISABLED="true")
         yield server
     finally:
         server.stop()

@@ -31,7 +31,8 @@ def _usage() -> dict:
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
     targets = _fd_targets()
-    return {"rss": rss_pages * os.sysconf("SC_PAGE_SIZE"), "fds": len(targets), "fd_targets": targets,
+    return {"rss": rss_pages * os.sysconf("SC_PAGE_SIZE"), "fds": len(targets),
+            "fd_targets": targets,
             "threads": threading.active_count(),
             "thread_names": sorted(t.name for t in threading.enumerate())}
 

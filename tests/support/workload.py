@@ -52,12 +52,12 @@ def train_loop(cfg: dict) -> dict:
                 model(inputs)
                 time.sleep(cfg.get("validation_sleep_s", 0.0))
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    import psutil  # noqa: PLC0415 - when this rank's process started (a Ray dependency)
     import ray  # noqa: PLC0415 - the node this rank finished on
 
-    import psutil  # noqa: PLC0415 - when this rank's process started (a Ray dependency)
-
     return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt,
-            "resumed_from": loaded.step if loaded else None, "tier": loaded.tier if loaded else None,
+            "resumed_from": loaded.step if loaded else None,
+            "tier": loaded.tier if loaded else None,
             "node_id": ray.get_runtime_context().get_node_id(),
             "started_at": psutil.Process().create_time()}
 

@@ -9,24 +9,24 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "bench")
-if JOBS not in sys.path:
-    sys.path.insert(0, JOBS)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jobs" / "bench"))
 
 import bench_recovery
 from peers.events import EventLog, FaultLedger, read_events, write_events
 from peers.report import Row, print_table, speedups, table, write_results
 from peers.spec import Workload
 from peers.timeline import build_timeline, events_to_timeline
+from peers.torchft_peer import QuorumChange
+from peers.workload import fire_due_faults
 
+from ray_resilience.goodput import RunTimeline, compute_goodput
 from ray_resilience.testing import Fault, FaultPlan, InjectedFault
-from ray_resilience.goodput import compute_goodput
 
 
 def _rank_events(t0: float) -> list[dict]:
@@ -106,8 +106,6 @@ def test_event_files_and_ledger_round_trip(tmp_path) -> None:
 
 
 def test_a_fault_fires_once_even_when_its_step_is_trained_again(tmp_path) -> None:
-    from peers.workload import fire_due_faults
-
     plan = FaultPlan.explicit([Fault(step=4, rank=1, kind="exception")])
     workload = Workload(max_steps=10, checkpoint_interval=2, data_dir=str(tmp_path),
                         run_dir=str(tmp_path), fault_plan=plan)
@@ -196,8 +194,6 @@ def test_table_results_json_and_speedups_against_ray_train(tmp_path) -> None:
 
 
 def test_torchft_detection_is_the_first_quorum_change() -> None:
-    from peers.torchft_peer import QuorumChange
-
     detect = QuorumChange()
     lines = ["got lighthouse quorum ... quorum_id: 1, participants: [a, b]",
              "should_commit=true", "got lighthouse quorum ... quorum_id: 1, participants: [a, b]",
@@ -206,8 +202,6 @@ def test_torchft_detection_is_the_first_quorum_change() -> None:
 
 
 def test_per_step_wall_skips_the_first_step_and_reads_sparse_samples():
-    from ray_resilience.goodput import RunTimeline
-
     timeline = RunTimeline()
     timeline.run_started(0.0, 2)
     for step, t in ((1, 5.0), (2, 5.5), (4, 6.5), (10, 9.5)):  # start-up, then 0.5 s per step

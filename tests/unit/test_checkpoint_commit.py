@@ -12,19 +12,29 @@ import pytest
 
 from ray_resilience._internal.checkpoint.format import layout
 from ray_resilience._internal.checkpoint.format.commit import (
-    Manifest, commit_step, committed_steps, prune, read_manifest)
-from ray_resilience._internal.checkpoint.service.commit_queue import CommitQueue
-from ray_resilience.checkpoint.errors import (
-    CheckpointCorruptError, StorageFullError, StoragePermissionError, StorageUnavailableError,
-    UnsafeCheckpointError)
+    Manifest,
+    commit_step,
+    committed_steps,
+    prune,
+    read_manifest,
+)
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
+from ray_resilience._internal.checkpoint.service.commit_queue import CommitQueue
 from ray_resilience._internal.checkpoint.wire import FileDigest
+from ray_resilience.checkpoint.errors import (
+    CheckpointCorruptError,
+    StorageFullError,
+    StoragePermissionError,
+    StorageUnavailableError,
+    UnsafeCheckpointError,
+)
 
 pytestmark = pytest.mark.timeout(60)
 OLD, NEW = "00000000000000aa", "00000000000000bb"
 
 
-def _fake_step(storage: CheckpointStorage, step: int, session: str, *, commit: bool) -> layout.StepDir:
+def _fake_step(storage: CheckpointStorage, step: int, session: str, *,
+               commit: bool) -> layout.StepDir:
     step_dir = layout.StepDir(step, session)
     storage.make_dir(step_dir.name)
     with storage.open_output(f"{step_dir.name}/__0_0.distcp") as out:
@@ -53,7 +63,8 @@ def test_only_folders_with_a_manifest_count(storage):
 
 def test_atomic_writes_leave_no_temporary_files(storage):
     step_dir = _fake_step(storage, 10, NEW, commit=True)
-    assert sorted(os.listdir(storage.path(step_dir.name))) == [".metadata", "__0_0.distcp", "manifest.json"]
+    assert sorted(os.listdir(storage.path(step_dir.name))) \
+        == [".metadata", "__0_0.distcp", "manifest.json"]
 
 
 def test_prune_keeps_newest_and_in_flight_and_removes_leftovers(storage):
@@ -62,9 +73,11 @@ def test_prune_keeps_newest_and_in_flight_and_removes_leftovers(storage):
     leftover_old_session = _fake_step(storage, 40, OLD, commit=False)
     abandoned = _fake_step(storage, 25, NEW, commit=False)
     in_flight = _fake_step(storage, 40, NEW, commit=False)
-    deleted = prune(storage, num_to_keep=2, keep_session=NEW, newest_committed=layout.StepDir(30, NEW))
+    deleted = prune(storage, num_to_keep=2, keep_session=NEW,
+                    newest_committed=layout.StepDir(30, NEW))
     assert set(deleted) == {layout.StepDir(10, NEW), leftover_old_session, abandoned}
-    assert set(storage.list_step_dirs()) == {layout.StepDir(20, NEW), layout.StepDir(30, NEW), in_flight}
+    assert set(storage.list_step_dirs()) \
+        == {layout.StepDir(20, NEW), layout.StepDir(30, NEW), in_flight}
 
 
 def test_prune_without_a_session_removes_every_uncommitted_folder(storage):
@@ -119,7 +132,8 @@ def tmpfs(size: str, *, read_only: bool = False):
     """A real small file system (needs mount rights; skipped otherwise)."""
     path = tempfile.mkdtemp(prefix="rr-tmpfs-")
     options = f"size={size}" + (",ro" if read_only else "")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path],
+                          capture_output=True)
     if done.returncode != 0:
         os.rmdir(path)
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
@@ -136,9 +150,9 @@ def test_disk_full_names_the_path_and_keeps_the_committed_step():
         committed = _fake_step(storage, 10, NEW, commit=True)
         step_dir = layout.StepDir(20, NEW)
         storage.make_dir(step_dir.name)
-        with pytest.raises(StorageFullError) as info:
-            with storage.open_output(f"{step_dir.name}/__0_0.distcp") as out:
-                out.write(b"x" * (1 << 20))
+        with pytest.raises(StorageFullError) as info, \
+                storage.open_output(f"{step_dir.name}/__0_0.distcp") as out:
+            out.write(b"x" * (1 << 20))
         assert storage.path(f"{step_dir.name}/__0_0.distcp") in str(info.value)
         assert "num_to_keep" in str(info.value) and not info.value.retryable
         assert committed_steps(storage) == [committed]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience._internal.checkpoint.service.rounds import RoundTable, assign_owners
+from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
@@ -49,17 +49,20 @@ def test_auto_writer_priority_is_background_unless_training_waits_for_the_writer
     assert CheckpointConfig().writer_priority_now == "background"
     assert CheckpointConfig(in_flight_policy="skip").writer_priority_now == "background"
     assert CheckpointConfig(in_flight_policy="block").writer_priority_now == "inherit"
-    assert CheckpointConfig(in_flight_policy="block", writer_priority="low").writer_priority_now == "low"
+    low = CheckpointConfig(in_flight_policy="block", writer_priority="low")
+    assert low.writer_priority_now == "low"
 
 
 def test_replicas_need_the_memory_tier():
     with pytest.raises(ConfigError) as info:
         CheckpointConfig(memory_replicas=1, memory_tier=False)
-    assert "CheckpointConfig.memory_replicas" in str(info.value) and "memory_tier=True" in str(info.value)
+    assert "CheckpointConfig.memory_replicas" in str(info.value)
+    assert "memory_tier=True" in str(info.value)
     assert CheckpointConfig(memory_replicas=1).memory_replicas == 1
 
 
-KEYS = {0: [("model.w|(0,)", 8), ("optimizer.lr|()", 0)], 1: [("model.w|(4,)", 8), ("optimizer.lr|()", 0)]}
+KEYS = {0: [("model.w|(0,)", 8), ("optimizer.lr|()", 0)],
+        1: [("model.w|(4,)", 8), ("optimizer.lr|()", 0)]}
 
 
 def table(world_size: int = 2) -> RoundTable:

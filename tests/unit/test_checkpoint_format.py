@@ -15,15 +15,22 @@ import torch.distributed.checkpoint as dcp
 
 from ray_resilience._internal.checkpoint.format import layout
 from ray_resilience._internal.checkpoint.format.commit import commit_step, read_manifest
-from ray_resilience._internal.checkpoint.format.dcp_metadata import build_metadata, dumps_metadata, loads_metadata
-from ray_resilience.checkpoint.errors import (
-    CheckpointCorruptError, CheckpointStateError, UnsafeCheckpointError)
+from ray_resilience._internal.checkpoint.format.dcp_metadata import (
+    build_metadata,
+    dumps_metadata,
+    loads_metadata,
+)
 from ray_resilience._internal.checkpoint.format.extra_codec import decode_extra, encode_extra
 from ray_resilience._internal.checkpoint.format.readers import SafeLoadPlanner, StorageShardReader
 from ray_resilience._internal.checkpoint.format.shard_io import read_verified, write_shard
-from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, capture, state_dict_of
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, capture, state_dict_of
 from ray_resilience._internal.checkpoint.wire import SaveTicket
+from ray_resilience.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointStateError,
+    UnsafeCheckpointError,
+)
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,14 +45,15 @@ def test_step_dir_names_round_trip_and_sort_by_step():
     assert [d.step for d in parsed] == [3, 7, 120] and parsed[0].name == names[2]
 
 
-@pytest.mark.parametrize("name", ["..", "step_../..", "step_000000000001_../x", "step_1_0123456789abcdef",
-                                  "step_000000000001_0123456789ABCDEF", "tmp", "step_000000000001"])
+@pytest.mark.parametrize("name", ["..", "step_../..", "step_000000000001_../x",
+                                  "step_1_0123456789abcdef", "step_000000000001_0123456789ABCDEF",
+                                  "tmp", "step_000000000001"])
 def test_foreign_folder_names_are_ignored(name):
     assert layout.parse_step_dir(name) is None
 
 
-@pytest.mark.parametrize("name", ["../__0_0.distcp", "/etc/passwd", "a/__0_0.distcp", "__0_0.distcp/..",
-                                  "__x_0.distcp", "evil.pkl", ""])
+@pytest.mark.parametrize("name", ["../__0_0.distcp", "/etc/passwd", "a/__0_0.distcp",
+                                  "__0_0.distcp/..", "__x_0.distcp", "evil.pkl", ""])
 def test_file_names_from_storage_cannot_leave_the_step_folder(name):
     with pytest.raises(UnsafeCheckpointError, match="not a checkpoint file name"):
         layout.check_file_name(name, where="manifest")
@@ -68,24 +76,29 @@ def test_extra_round_trips_values_and_tensors_exactly():
     back = decode_extra(encode_extra(extra), path="x")
     assert torch.equal(back["rng"], extra["rng"]) and back["rng"].dtype == torch.uint8
     assert back["pos"] == extra["pos"] and back["lr"] == extra["lr"] and math.isnan(back["nan"])
-    assert back["pair"] == (1, "a") and isinstance(back["pair"], tuple) and back["flags"] == [True, False]
-    assert torch.equal(back["nested"]["t"], extra["nested"]["t"]) and back["nested"]["empty"].numel() == 0
+    assert back["pair"] == (1, "a") and isinstance(back["pair"], tuple)
+    assert back["flags"] == [True, False]
+    assert torch.equal(back["nested"]["t"], extra["nested"]["t"])
+    assert back["nested"]["empty"].numel() == 0
     torch.set_rng_state(back["rng"])  # usable as an RNG state
 
 
 def test_extra_tensors_are_copied_in_c_order_at_encode_time():
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    odd = {"t": base.t(), "grad": torch.ones(2, requires_grad=True), "mask": torch.tensor([True, False]),
-           "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(), "scalar": torch.tensor(7, dtype=torch.int16),
+    odd = {"t": base.t(), "grad": torch.ones(2, requires_grad=True),
+           "mask": torch.tensor([True, False]), "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(),
+           "scalar": torch.tensor(7, dtype=torch.int16),
            "neg": torch._neg_view(torch.tensor([1.0, -2.0])), "offset": torch.arange(10)[3:7]}
     data = encode_extra(odd)
     base.add_(100)  # a change after the save returned must not reach it
     back = decode_extra(data, path="x")
     assert torch.equal(back["t"], torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
     assert torch.equal(back["grad"], torch.ones(2)) and not back["grad"].requires_grad
-    assert torch.equal(back["mask"], odd["mask"]) and back["scalar"].shape == () and int(back["scalar"]) == 7
+    assert torch.equal(back["mask"], odd["mask"])
+    assert back["scalar"].shape == () and int(back["scalar"]) == 7
     assert torch.equal(back["conj"], torch.tensor([1 - 2j, 3 + 1j]))
-    assert torch.equal(back["neg"], torch.tensor([-1.0, 2.0])) and torch.equal(back["offset"], torch.arange(3, 7))
+    assert torch.equal(back["neg"], torch.tensor([-1.0, 2.0]))
+    assert torch.equal(back["offset"], torch.arange(3, 7))
 
 
 @pytest.mark.parametrize("value, key", [
@@ -118,7 +131,8 @@ def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
-def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int, extra: dict) -> layout.StepDir:
+def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int,
+                      extra: dict) -> layout.StepDir:
     """The writer and coordinator steps for one rank, without actors."""
     state = capture(model, optimizer)
     items, planner_data = state.build_items()
@@ -158,7 +172,8 @@ def test_stock_dcp_load_reads_our_checkpoint(storage):
         dcp.load(state, checkpoint_id=storage.path(step_dir.name))
     expected = _flat(model, optimizer)
     got = {f"m.{k}": v for k, v in state["model"].items()}
-    got.update({f"o.{f}.{k}": v for f, e in state["optimizer"]["state"].items() for k, v in e.items()})
+    got.update({f"o.{f}.{k}": v
+                for f, e in state["optimizer"]["state"].items() for k, v in e.items()})
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected)
     assert state["optimizer"]["param_groups"][0]["lr"] == 1e-2
@@ -173,8 +188,8 @@ def test_safe_reader_loads_and_checks_every_file(storage):
     state = state_dict_of(fresh_model, fresh_optim)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.load(state, storage_reader=StorageShardReader(storage, manifest), planner=SafeLoadPlanner(),
-                 no_dist=True)
+        dcp.load(state, storage_reader=StorageShardReader(storage, manifest),
+                 planner=SafeLoadPlanner(), no_dist=True)
     assert torch.equal(state["model"]["output.weight"], model.state_dict()["output.weight"])
 
 

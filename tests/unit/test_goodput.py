@@ -8,10 +8,13 @@ import pickle
 import sys
 import threading
 
+import pyarrow.fs as pafs
 import pytest
 
-from ray_resilience.goodput.intervals import percentile
+from ray_resilience._internal.run_folder import write_run_artifacts
 from ray_resilience.goodput import RunTimeline, compute_goodput
+from ray_resilience.goodput.intervals import percentile
+from ray_resilience.result import Result
 
 FID = "f1@step50/rank1/sigkill"
 
@@ -68,7 +71,7 @@ def test_no_faults_gives_full_goodput_minus_checkpoint_blocking():
 
 
 def test_checkpoint_on_every_step_still_counts_blocking_as_lost():
-    timeline, wall = steady_run(steps=20, saves={k: 0.25 for k in range(1, 21)})
+    timeline, wall = steady_run(steps=20, saves=dict.fromkeys(range(1, 21), 0.25))
     report = compute_goodput(timeline)
     assert report.steady_step_time_s == pytest.approx(1.0)
     assert report.training_goodput == pytest.approx(20.0 / 25.0)
@@ -286,10 +289,6 @@ def test_concurrent_recording_while_computing():
 
 
 def test_run_artifacts_hold_the_report_table_and_timeline(tmp_path):
-    import pyarrow.fs as pafs
-
-    from ray_resilience._internal.run_folder import write_run_artifacts
-    from ray_resilience.result import Result
 
     report = compute_goodput(rollback_run())
     result = Result(metrics={"final_step": 100}, metrics_history=[], path=str(tmp_path), error=None,

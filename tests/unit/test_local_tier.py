@@ -15,12 +15,24 @@ import time
 import pytest
 import torch
 
-from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra
-from ray_resilience._internal.checkpoint.rank.loader import LoadTarget, _apply, _local_offer, _newest_common, _try_local
-from ray_resilience._internal.checkpoint.format.local_roots import LOCK_NAME, RootLock, remove_stale_roots, run_root
+from ray_resilience._internal.checkpoint.format.local_roots import (
+    LOCK_NAME,
+    RootLock,
+    remove_stale_roots,
+    run_root,
+)
+from ray_resilience._internal.checkpoint.rank import local_tier
+from ray_resilience._internal.checkpoint.rank.loader import (
+    LoadTarget,
+    _apply,
+    _local_offer,
+    _newest_common,
+    _try_local,
+)
 from ray_resilience._internal.checkpoint.rank.local_tier import HEADER_BYTES, LocalSnapshots
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
@@ -80,7 +92,8 @@ def test_restores_the_newest_step_bit_for_bit_and_alternates_files(tmp_path):
 
     # A respawned process: fresh objects, a new LocalSnapshots over the same files.
     fresh_model, fresh_opt = _trained(seed=5)
-    loaded = _restore(LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=None), fresh_model, fresh_opt)
+    store = LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=None)
+    loaded = _restore(store, fresh_model, fresh_opt)
     assert (loaded.step, loaded.tier, loaded.extra["step"]) == (3, "local", 3)
     assert _equal(_state(fresh_model, fresh_opt), expected[3])
 
@@ -104,7 +117,8 @@ def test_a_torn_file_is_never_offered_and_the_other_step_is(tmp_path):
         f.write(b"\0" * 10)
     assert store.available(None) == []
     fresh_model, fresh_opt = _trained(seed=3)
-    assert _restore(LocalSnapshots(str(tmp_path), 0, max_bytes=None), fresh_model, fresh_opt) is None
+    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
+    assert _restore(store, fresh_model, fresh_opt) is None
     assert not _equal(_state(fresh_model, fresh_opt), at_1)
 
 
@@ -141,7 +155,7 @@ def test_ranks_agree_on_the_newest_step_every_rank_holds():
 def test_a_state_over_the_cap_skips_the_tier_without_writing(tmp_path, caplog):
     model, optimizer = _trained()
     store = LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=1024)
-    with caplog.at_level(logging.INFO, logger="ray_resilience._internal.checkpoint.rank.local_tier"):
+    with caplog.at_level(logging.INFO, logger=local_tier.__name__):
         assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
     assert "local_max_bytes=1024" in store.disabled and "local_max_bytes=1024" in caplog.text
     assert not (tmp_path / "run").exists()
@@ -151,7 +165,7 @@ def test_an_unwritable_folder_turns_the_tier_off_with_a_warning(tmp_path, caplog
     model, optimizer = _trained()
     (tmp_path / "file").write_text("not a folder")
     store = LocalSnapshots(str(tmp_path / "file" / "run"), 0, max_bytes=None)
-    with caplog.at_level(logging.WARNING, logger="ray_resilience._internal.checkpoint.rank.local_tier"):
+    with caplog.at_level(logging.WARNING, logger=local_tier.__name__):
         assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
         assert not store.save(2, "s", StateCache().source(model, optimizer), b"")
     assert "file/run" in store.disabled and caplog.text.count("local snapshot tier off") == 1
@@ -191,8 +205,9 @@ def test_writer_locks_keep_live_runs_and_clean_up_dead_ones(tmp_path):
     assert not os.path.exists(live.root)
 
 
-@pytest.mark.parametrize(("field", "value"), [("local_interval_steps", -1), ("local_interval_steps", 1.5),
-                                              ("local_dir", "shm"), ("local_max_bytes", -5)])
+@pytest.mark.parametrize(("field", "value"), [("local_interval_steps", -1),
+                                              ("local_interval_steps", 1.5), ("local_dir", "shm"),
+                                              ("local_max_bytes", -5)])
 def test_bad_local_settings_name_the_setting(field, value):
     with pytest.raises(ConfigError, match=f"CheckpointConfig.{field}"):
         CheckpointConfig(interval_steps=5, **{field: value})
@@ -223,8 +238,6 @@ class _Killed(BaseException):
 
 
 def test_a_write_cut_short_leaves_its_file_marked_incomplete(tmp_path, monkeypatch):
-    from ray_resilience._internal.checkpoint.rank import local_tier
-
     model, optimizer = _trained()
     store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
     for step in (1, 2):

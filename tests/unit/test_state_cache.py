@@ -92,7 +92,9 @@ def test_a_copy_made_later_finds_replaced_storage_and_the_next_source_rebuilds()
     cache rebuilds and checks storage at every save from then on."""
     model, optimizer = _trained()
     cache = StateCache()
-    later = lambda nbytes: True  # noqa: E731
+    def later(nbytes: int) -> bool:
+        return True
+
     first = cache.source(model, optimizer, later)
     assert first.moved(first.overlap) is None
     param = next(model.parameters())

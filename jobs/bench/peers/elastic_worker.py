@@ -1,6 +1,7 @@
 """One rank of the benchmark workload, started by torchrun or NVRx's ft_launcher.
 
-    torchrun --standalone --nproc-per-node 2 --max-restarts 5 -m peers.elastic_worker RUN/workload.json
+    torchrun --standalone --nproc-per-node 2 --max-restarts 5 \
+        -m peers.elastic_worker RUN/workload.json
     ft_launcher --standalone --nproc-per-node 2 --max-restarts 5 --ft-rank-heartbeat-timeout 5 \
         -m peers.elastic_worker RUN/workload.json --nvrx-heartbeats
 
@@ -33,7 +34,7 @@ from .workload import train
 
 def _heartbeats() -> tuple[Callable[[int], None], Callable[[], None]]:
     """Connect to ft_launcher's rank monitor; returns (per-step hook, shutdown)."""
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # noqa: PLC0415 - optional: NVRx only with --nvrx-heartbeats
 
     client = RankMonitorClient()
     client.init_workload_monitoring()

@@ -16,8 +16,8 @@ The train function is the same loop as the peers' (`workload.build`, same data a
 against our public API: `load_checkpoint` once, `report(..., checkpoint=CheckpointState)` per
 step, which checkpoints every `checkpoint_interval` steps without blocking. Faults come from the
 `FaultPlan` in the `ResilienceConfig` (the supervisor fires each once). The timeline is the
-supervisor's own (`result.goodput`), recorded on `time.time()` like the peers'; its start is moved back to the `fit()` call so
-startup counts the same way for every mechanism.
+supervisor's own (`result.goodput`), recorded on `time.time()` like the peers'; its start is moved
+back to the `fit()` call so startup counts the same way for every mechanism.
 
 Lead's part: `ResilienceConfig.default`, `InJobConfig` and `Result.goodput` come from the
 supervisor work in progress. When they are missing the run reports "unavailable" with the reason,
@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
-from ray_resilience.testing import FaultKind
 from ray_resilience.goodput import RunTimeline
+from ray_resilience.policy import Compose
+from ray_resilience.testing import FaultKind
 
 from .ray_session import private_ray
 from .spec import PeerRun, Workload
@@ -45,10 +46,9 @@ SPARES = {"replace-failed-spare": 1, "replace-failed-2spares": 2}
 
 def _train_loop(config: dict[str, Any]) -> dict[str, int]:
     """Runs on every rank; re-entered from the newest checkpoint after each recovery."""
-    import ray_resilience as rr
-from ray_resilience.policy import Compose
-    from ray_resilience.examples.llama import causal_lm_loss
-    from ray_resilience.examples.token_data import TokenDataset
+    import ray_resilience as rr  # noqa: PLC0415 - runs on the rank
+    from ray_resilience.examples.llama import causal_lm_loss  # noqa: PLC0415 - runs on the rank
+    from ray_resilience.examples.token_data import TokenDataset  # noqa: PLC0415 - runs on the rank
 
     torch.set_num_threads(1)  # as for every peer: 2 ranks on 2 cores
     workload = Workload.from_json(config["workload"])
@@ -98,17 +98,17 @@ class OursPeer:
     def available(self) -> str | None:
         """Why our mechanism cannot run yet (the lead's API is still landing), else None."""
         try:
-            import ray_resilience as rr
+            import ray_resilience as rr  # noqa: PLC0415 - the probe: ImportError is the answer
 
             rr.ResilienceConfig.default  # noqa: B018 - presence check
             if self.variant != "inprocess":
-                rr.InJobConfig  # noqa: B018
+                rr.InJobConfig  # noqa: B018 - presence check
         except (ImportError, AttributeError) as exc:
             return f"not available yet (supervisor API in progress): {type(exc).__name__}: {exc}"
         return None
 
     def run(self, workload: Workload) -> PeerRun:
-        import ray_resilience as rr
+        import ray_resilience as rr  # noqa: PLC0415 - checked by available() first
 
         workload.write()
         run = PeerRun(mechanism=self.name, checkpoint_interval=workload.checkpoint_interval,
@@ -125,7 +125,8 @@ class OursPeer:
             run.status, run.error = "failed", f"{type(result.error).__name__}: {result.error}"
         elif run.timeline is None:
             run.status = "unavailable"
-            run.error = "not available yet: Result.goodput (GoodputReport with its timeline) is None"
+            run.error = ("not available yet: Result.goodput (GoodputReport with its timeline) "
+                         "is None")
         elif run.final_params is None:
             run.status, run.error = "failed", "rank 0 never wrote the final parameters"
         return run
@@ -134,7 +135,8 @@ class OursPeer:
         kwargs: dict[str, Any] = {"checkpoint_interval": workload.checkpoint_interval,
                                   "fault_plan": workload.fault_plan}
         if self.variant in SPARES:
-            kwargs["in_job"] = rr.InJobConfig(policy="replace-failed", num_spares=SPARES[self.variant])
+            kwargs["in_job"] = rr.InJobConfig(policy="replace-failed",
+                                              num_spares=SPARES[self.variant])
         elif self.variant != "inprocess":
             kwargs["in_job"] = rr.InJobConfig(policy=self.variant)
         else:  # rung 1 alone for soft faults: no fault counter sending a rank to respawn

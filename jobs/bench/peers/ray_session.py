@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
+import ray
+
 from .launcher import JOBS_DIR
 
 #: CPUs the private Ray advertises: 2 training workers, Ray Train's controller, one spare.
@@ -23,8 +25,6 @@ RAY_NUM_CPUS = 4
 @contextlib.contextmanager
 def private_ray() -> Iterator[None]:
     """`ray.init` on a fresh local head in a private temp folder; shut down on exit."""
-    import ray
-
     if ray.is_initialized():
         raise RuntimeError("Ray is already initialised in this process; the benchmark needs "
                            "its own private instance (run it as its own process).")

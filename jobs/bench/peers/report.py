@@ -16,8 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ray_resilience.goodput.plot import plot_comparison
 from ray_resilience.goodput import GoodputReport
+from ray_resilience.goodput.plot import plot_comparison
 
 BASELINE = "ray-train"
 
@@ -84,7 +84,8 @@ def table(rows: Sequence[Row], title: str) -> Table:
         out.add_column(header, justify="left" if header == "mechanism" else "right")
     ratios = speedups(rows)
     for row in rows:
-        every = "-" if row.checkpoint_interval is None else f"{row.checkpoint_interval} ({row.label})"
+        every = ("-" if row.checkpoint_interval is None
+                 else f"{row.checkpoint_interval} ({row.label})")
         if row.label == "no checkpoints":
             every = row.label
         report = row.report
@@ -113,7 +114,8 @@ def print_table(rows: Sequence[Row], title: str, console: Console | None = None,
     for name, ref in (references or {}).items():
         blocks = ref.get("save_blocking_s", ref["save_cost_s"])
         console.print(f"  {name}: fault-free steady step {1000 * ref['steady_step_time_s']:.0f} ms,"
-                      f" a save costs {1000 * ref['save_cost_s']:.0f} ms (blocks {1000 * blocks:.0f} ms),"
+                      f" a save costs {1000 * ref['save_cost_s']:.0f} ms"
+                      f" (blocks {1000 * blocks:.0f} ms),"
                       f" fault-free wall {ref['wall_s']:.1f} s", markup=False)
     for row in rows:
         if row.status != "ok" or row.report is None:
@@ -125,7 +127,8 @@ def row_dict(row: Row, ratio: float | None) -> dict[str, Any]:
             if f.name not in ("report", "report_in_run")}
     data["recovery_p50_speedup_vs_ray_train"] = ratio
     data["goodput"] = None if row.report is None else row.report.to_dict(include_timeline=True)
-    data["goodput_in_run_steady"] = None if row.report_in_run is None else row.report_in_run.to_dict()
+    in_run = row.report_in_run
+    data["goodput_in_run_steady"] = None if in_run is None else in_run.to_dict()
     return data
 
 

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ray_resilience.testing import FaultKind, FaultPlan
 from ray_resilience.goodput import GoodputReport, RunTimeline
+from ray_resilience.testing import FaultKind, FaultPlan
 
 #: Name of the workload file a runner writes into its run folder for its worker processes.
 WORKLOAD_FILE = "workload.json"

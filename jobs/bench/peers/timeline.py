@@ -21,8 +21,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ray_resilience.testing import FaultKind
 from ray_resilience.goodput import RunTimeline
+from ray_resilience.testing import FaultKind
 
 from .events import FaultLedger, read_events
 

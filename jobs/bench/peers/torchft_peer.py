@@ -72,7 +72,7 @@ class TorchftPeer:
 
     def available(self) -> str | None:
         try:
-            import torchft  # noqa: F401
+            import torchft  # noqa: F401, PLC0415 - the probe: ImportError is the answer
         except ImportError as exc:
             return f"torchft is not installed: {exc}"
         if tool("torchft_lighthouse") is None or tool("torchrun") is None:

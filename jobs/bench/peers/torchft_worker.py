@@ -7,9 +7,9 @@ torchft's model of fault tolerance differs from the others': every rank is its o
 the groups agree on a quorum through the lighthouse at every step, and when one dies the others
 keep training without it (the step in flight is discarded, nothing is rolled back). The dead
 replica is restarted by its own launcher and heals from a live peer's state over HTTP instead of
-loading a checkpoint. So the model is replicated (gradients averaged by the manager's allreduce), not FSDP-sharded, and there are
-no storage checkpoints: with replica groups of one rank, sharding would need torchft's HSDP mesh,
-and a checkpoint only matters here when every replica dies at once.
+loading a checkpoint. So the model is replicated (gradients averaged by the manager's allreduce),
+not FSDP-sharded, and there are no storage checkpoints: with replica groups of one rank, sharding
+would need torchft's HSDP mesh, and a checkpoint only matters here when every replica dies at once.
 
 Step events carry the number of participating replicas, so infra goodput counts only the steps
 the full world trained.
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workload", help="path of the run's workload.json")
     parser.add_argument("--replica", type=int, required=True, help="replica group index")
     args = parser.parse_args(argv)
-    from torchft import Manager, Optimizer, ProcessGroupGloo
+    from torchft import Manager, Optimizer, ProcessGroupGloo  # noqa: PLC0415 - optional: the torchft peer only
 
     workload, replica = Workload.read(args.workload), args.replica
     log = EventLog(workload.run_dir, f"rank{replica}-pid{os.getpid()}")

@@ -25,9 +25,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
-from ray_resilience.testing.fire import fire
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 from ray_resilience.examples.token_data import TokenDataset
+from ray_resilience.testing.fire import fire
 
 from .events import EventLog, FaultLedger
 from .spec import FINAL_PARAMS_FILE, Workload

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 from ray_resilience._internal.checkpoint.format import layout
 
 if TYPE_CHECKING:  # torch's types, imported where they are first unpickled (not at start-up)
-    from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
-    from ray_resilience.checkpoint.config import CheckpointConfig
     import numpy as np
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import WriteItem
+
+    from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+    from ray_resilience.checkpoint.config import CheckpointConfig
 
 
 def is_tensor_item(item: WriteItem) -> bool:
@@ -90,7 +91,8 @@ class ShardPayload:
     extra: bytes
 
     @classmethod
-    def packed(cls, data: np.ndarray, sizes: list[int], blobs: list[bytes], extra: bytes) -> ShardPayload:
+    def packed(cls, data: np.ndarray, sizes: list[int], blobs: list[bytes],
+               extra: bytes) -> ShardPayload:
         """`sizes` laid out back to back from offset 0."""
         spans, at = [], 0
         for n in sizes:

@@ -40,8 +40,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ray_resilience._internal.process_groups import gloo_sockets as sockets
 from ray_resilience._internal.constants import env_float
+from ray_resilience._internal.process_groups import gloo_sockets as sockets
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,8 @@ class CollectiveAborter:
 
     @property
     def aborted(self) -> bool:
-        """True once ``abort()`` ran in this attempt: a collective error is then ours, not a fault."""
+        """True once ``abort()`` ran in this attempt: a collective error is then ours, not a
+        fault."""
         return self._aborted.is_set()
 
     def abort(self, *, include_store: bool = False) -> AbortReport:

@@ -11,25 +11,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from ray_resilience._internal.rank import preimport
+
 
 class WorkerActor:
     """One rank's actor (see `Worker` for what each call does)."""
 
-    def __init__(self, train_fn: bytes, train_config: dict[str, Any] | None, supervisor: Any) -> None:
-        from ray_resilience._internal.rank import preimport
-
+    def __init__(self, train_fn: bytes, train_config: dict[str, Any] | None,
+                 supervisor: Any) -> None:
         # A process booted ahead of time may still be importing in the background: this thread
         # imports nothing until it has finished (never two threads in the same imports).
         self._preimport_wait_s = preimport.claim()
-        from ray import cloudpickle
+        from ray import cloudpickle  # noqa: PLC0415 - only after claim(), see above
 
-        from ray_resilience._internal.rank.worker import Worker
+        from ray_resilience._internal.rank.worker import Worker  # noqa: PLC0415 - torch: in the rank, after claim()
 
         self._worker = Worker(cloudpickle.loads(train_fn), train_config, supervisor)
 
     def info(self) -> dict[str, Any]:
-        from ray_resilience._internal.rank import preimport
-
         info = self._worker.info()
         info["preimport"] = dict(preimport.stats, waited_s=self._preimport_wait_s)
         return info

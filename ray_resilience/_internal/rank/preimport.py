@@ -40,6 +40,7 @@ Nothing here may fail a worker: an error in our part is logged and the process c
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
@@ -103,14 +104,14 @@ def setup() -> None:
     """Ray's worker setup hook for rank processes (see the module docstring)."""
     user_hook = os.environ.get(USER_HOOK_ENV)
     if user_hook:  # the user's hook decides, as it would have without us: its error is fatal
-        from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
+        from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook  # noqa: PLC0415 - Ray-private, only with a user hook
 
         error = load_and_execute_setup_hook(user_hook)
         if error is not None:
             raise RuntimeError(error)
     key = os.environ.get(PREIMPORT_KEY_ENV)
     try:
-        from ray.experimental.internal_kv import _internal_kv_get
+        from ray.experimental.internal_kv import _internal_kv_get  # noqa: PLC0415 - Ray-private: may not fail the hook
 
         on = bool(key) and _internal_kv_get(key, namespace=KV_NAMESPACE) is not None
     except Exception as exc:  # noqa: BLE001 - see the module docstring
@@ -130,7 +131,7 @@ def _exit_when_run_ends(key: str) -> None:
     """A prestarted process no rank took by the end of its run would sit idle with torch's
     memory until Ray's keep-alive (a day) ran out, once per run in a driver that calls fit()
     many times: once the supervisor has switched the run's key off, it exits."""
-    from ray.experimental.internal_kv import _internal_kv_get
+    from ray.experimental.internal_kv import _internal_kv_get  # noqa: PLC0415 - Ray-private: may not fail the hook
 
     while not _claimed.wait(WATCH_INTERVAL_S):
         try:
@@ -145,7 +146,7 @@ def _exit_when_run_ends(key: str) -> None:
 def switch(key: str, on: bool) -> bool:
     """Turns the background import of the run `key` on or off (in the processes that boot from
     now on); False when the KV could not be reached (logged)."""
-    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put  # noqa: PLC0415 - Ray-private: may not fail the hook
 
     try:
         if on:
@@ -190,14 +191,13 @@ def _preimport(modules: tuple[str, ...]) -> None:
     stats["started"] = time.time()
     t0 = time.thread_time()
     try:
-        from ray_resilience._internal.priority import lower_thread
+        from ray_resilience._internal.priority import lower_thread  # noqa: PLC0415 - inside the try: may not fail the hook
 
         stats["policy"] = lower_thread("background")
-        import importlib
 
         for name in modules:
             importlib.import_module(name)
-        from ray_resilience._internal.process_groups.teardown import freeze_startup_objects
+        from ray_resilience._internal.process_groups.teardown import freeze_startup_objects  # noqa: PLC0415 - torch: on the idle-priority thread
 
         freeze_startup_objects(collect=False)  # as the actor's prewarm would, right after imports
     except BaseException as exc:  # noqa: BLE001 - see the module docstring

@@ -8,13 +8,16 @@ its CUDA context survive from one attempt to the next; only torch.distributed is
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 from ray import cloudpickle
@@ -22,18 +25,24 @@ from ray import cloudpickle
 # Imported here, while the actor is created on one thread: Ray deserializes call arguments
 # (which hold checkpoint specs) on other threads, and two threads entering these modules'
 # import at once can see them half-initialized.
-import ray_resilience._internal.checkpoint.rank.rank_checkpointer  # noqa: F401
-import ray_resilience._internal.checkpoint.service.service  # noqa: F401
-
-from ray_resilience.context import TrainContext, _Session, _set_session
-from ray_resilience._internal.process_groups.abort import CollectiveAborter
+import ray_resilience._internal.checkpoint.service.service  # noqa: F401 - see above
 from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec
+from ray_resilience._internal.checkpoint.rank.loader import warm_restore_path
+from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
+from ray_resilience._internal.process_groups.abort import CollectiveAborter
+from ray_resilience._internal.process_groups.teardown import (
+    freeze_startup_objects,
+    teardown_process_groups,
+)
 from ray_resilience._internal.rank.errors_capture import describe
-from ray_resilience.testing.fire import fire
-from ray_resilience._internal.rank.interrupt import TrainingInterrupted, async_raise, cancel_async_raise
-from ray_resilience._internal.process_groups.teardown import freeze_startup_objects, teardown_process_groups
+from ray_resilience._internal.rank.interrupt import (
+    TrainingInterrupted,
+    async_raise,
+    cancel_async_raise,
+)
 from ray_resilience._internal.rank.progress import ProgressForwarder
-
+from ray_resilience.context import TrainContext, _Session, _set_session
+from ray_resilience.testing.fire import fire
 
 FINAL_SAVE_TIMEOUT_S = 600.0
 """How long a rank whose train function returned waits for its last save to be durable."""
@@ -62,8 +71,6 @@ def _serialized_runtime_env() -> str | None:
     """This actor's runtime env as the raylet keys its worker processes by (None if Ray's
     internals moved: prestarted workers are then not asked for)."""
     try:
-        import ray
-
         return ray._private.worker.global_worker.core_worker.get_current_runtime_env()
     except Exception:  # noqa: BLE001 - an optimization's input
         return None
@@ -94,8 +101,6 @@ class Worker:
     # --- status and control calls (served while training runs) ------------------------------
 
     def info(self) -> dict[str, Any]:
-        import ray
-
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
@@ -115,11 +120,11 @@ class Worker:
         with self._setup_lock:
             if self._frozen:
                 return
-            import torch.distributed.checkpoint  # noqa: F401
-            import torch.distributed.fsdp  # noqa: F401
-            import torch.distributed.tensor  # noqa: F401
+            import torch.distributed.checkpoint  # noqa: PLC0415 - the warm-up's imports
+            import torch.distributed.fsdp  # noqa: PLC0415 - the warm-up's imports
+            import torch.distributed.tensor  # noqa: F401, PLC0415 - the warm-up's imports
 
-            import ray_resilience._internal.checkpoint.rank.rank_checkpointer  # noqa: F401
+            import ray_resilience._internal.checkpoint.rank.rank_checkpointer  # noqa: F401, PLC0415 - the warm-up's imports
 
             # The import-time objects (~300k) are frozen before the warm-up without a full
             # collection first, so no pass walks them on a new rank's way to its first attempt
@@ -133,7 +138,7 @@ class Worker:
     def health(self) -> str | None:
         """None when this rank may keep its process for the next attempt, else the reason."""
         if self._uses_gpu:
-            from ray_resilience._internal.rank.health import cuda_health
+            from ray_resilience._internal.rank.health import cuda_health  # noqa: PLC0415 - CUDA ranks only
 
             return cuda_health(0)
         return None
@@ -176,7 +181,8 @@ class Worker:
         try:
             self._wait_released()
             with session.lock:  # the forwarder drains events meanwhile
-                session.events.append({"phase": "release_groups", "t_start": t0, "t_end": time.time()})
+                session.events.append({"phase": "release_groups", "t_start": t0,
+                                       "t_end": time.time()})
             with self._setup_lock:
                 if not self._frozen:  # imports are done: keep them out of every later gc pass
                     freeze_startup_objects()
@@ -205,7 +211,8 @@ class Worker:
                                                 name=f"rr-release-a{spec.attempt}")
         self._release_thread.start()
         error = box.get("error")
-        status = "interrupted" if self._interrupted.is_set() else ("failed" if error else "finished")
+        status = ("interrupted" if self._interrupted.is_set()
+                  else "failed" if error else "finished")
         return AttemptOutcome(
             rank=spec.rank, attempt=spec.attempt, status=status, error=error,
             failed_at=box.get("failed_at"), return_value=box.get("return"), metrics=metrics,
@@ -270,7 +277,6 @@ class Worker:
         })
         if spec.use_gpu:
             torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPU
-        import datetime
 
         t0 = time.time()
         self._in_rendezvous = True
@@ -324,8 +330,6 @@ class Worker:
 
     def _record_fault(self, spec: AttemptSpec, fault: Any, step: int) -> None:
         """Synchronously tells the supervisor before firing: a SIGKILL loses anything unsent."""
-        import ray
-
         ray.get(self._supervisor.fault_fired.remote(
             fault.id, {"rank": spec.rank, "attempt": spec.attempt, "t": time.time(),
                        "step": step, "kind": fault.kind.value}), timeout=30)
@@ -339,7 +343,6 @@ class Worker:
             return
         if current is not None:
             current.close()
-        from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
 
         self._checkpointer = RankCheckpointer(spec.checkpoint_spec, rank=spec.rank,
                                               world_size=spec.world_size)
@@ -360,9 +363,8 @@ def _warm_fsdp(port: int) -> None:
     pay for lazy imports and caches; a spare pays them before it is needed. Touches no user
     code, and runs only while no attempt runs in this process (it uses the default group).
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 - the warm-up's imports
 
-    from ray_resilience._internal.checkpoint.rank.loader import warm_restore_path
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:

@@ -17,9 +17,9 @@ from typing import Any
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S
 from ray_resilience.config import ScalingConfig
 from ray_resilience.errors import InsufficientResourcesError
-from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S
 
 log = logging.getLogger(__name__)
 NODE_ID_LABEL = "ray.io/node-id"
@@ -44,7 +44,8 @@ class Bundles:
     def reserve(self, count: int, timeout_s: float) -> list[Bundle]:
         """The run's first placement group of `count` bundles; raises when it is not placed
         within `timeout_s` (the message names ResilienceConfig.placement_timeout_s)."""
-        pg = placement_group([self.scaling.bundle] * count, strategy=self.scaling.placement_strategy)
+        pg = placement_group([self.scaling.bundle] * count,
+                             strategy=self.scaling.placement_strategy)
         if not self._wait(pg, timeout_s, f"{count} ranks"):
             asked = {k: v * count for k, v in self.scaling.bundle.items()}
             raise InsufficientResourcesError(
@@ -56,7 +57,8 @@ class Bundles:
     def elsewhere(self, count: int, exclude: set[str], timeout_s: float) -> list[Bundle] | None:
         """`count` new bundles on nodes outside `exclude`; None when there is no room in time."""
         selector = {NODE_ID_LABEL: f"!in({','.join(sorted(exclude))})"}
-        pg = placement_group([self.scaling.bundle] * count, strategy=self.scaling.placement_strategy,
+        pg = placement_group([self.scaling.bundle] * count,
+                             strategy=self.scaling.placement_strategy,
                              bundle_label_selector=[selector] * count)
         if not self._wait(pg, timeout_s, f"{count} ranks away from nodes {sorted(exclude)}"):
             return None

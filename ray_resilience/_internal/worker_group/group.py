@@ -1,4 +1,5 @@
-"""The ranks' actors in their placement-group bundles: create, launch attempts, kill, replace, tear down."""
+"""The ranks' actors in their placement-group bundles: create, launch attempts, kill, replace,
+tear down."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ray_resilience.config import ScalingConfig
-from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
 from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
 from ray_resilience._internal.rank import preimport
-from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
 from ray_resilience._internal.rank.actor import WorkerActor
+from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
+from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
+from ray_resilience.config import ScalingConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class WorkerGroup:
 
     def reserve(self, placement_timeout_s: float) -> None:
         """Creates the placement group (ranks plus spares) and waits until it is placed."""
-        self._reserved = self.bundles.reserve(self.world_size + self.num_spares, placement_timeout_s)
+        self._reserved = self.bundles.reserve(self.world_size + self.num_spares,
+                                              placement_timeout_s)
 
     def bundle_nodes(self) -> list[str]:
         """Node id of each rank's bundle, known once `reserve` returned (before any actor)."""
@@ -152,7 +154,7 @@ class WorkerGroup:
         for item in self.info:
             if item["node_id"] not in node_order:
                 node_order.append(item["node_id"])
-        local_rank, counts = [], {n: 0 for n in node_order}
+        local_rank, counts = [], dict.fromkeys(node_order, 0)
         for item in self.info:
             local_rank.append(counts[item["node_id"]])
             counts[item["node_id"]] += 1
@@ -197,7 +199,8 @@ class WorkerGroup:
         """The node of the bundle hosting `rank` now."""
         return self.bundles.node_of(self.bundle_of[rank])
 
-    def replace(self, ranks: list[int], timeout_s: float, exclude: set[str] | None = None) -> list[int]:
+    def replace(self, ranks: list[int], timeout_s: float,
+                exclude: set[str] | None = None) -> list[int]:
         """New actors for `ranks` (a warm spare first, else a new actor in the rank's bundle).
 
         Ranks whose bundle is on a node in `exclude` move to new bundles elsewhere, and spares
@@ -220,7 +223,8 @@ class WorkerGroup:
         deadline = time.monotonic() + timeout_s
         while refs and time.monotonic() < deadline:
             ready, _ = ray.wait(list(refs), num_returns=len(refs),
-                                timeout=min(SLOW_WAIT_WARNING_S, max(deadline - time.monotonic(), 0.01)))
+                                timeout=min(SLOW_WAIT_WARNING_S,
+                                            max(deadline - time.monotonic(), 0.01)))
             for ref in ready:
                 rank = refs.pop(ref)
                 try:
@@ -256,7 +260,8 @@ class WorkerGroup:
             return []
         fresh = self.bundles.elsewhere(len(moving), exclude, timeout_s)
         if fresh is None:
-            log.warning("no room for ranks %s outside the excluded nodes %s", moving, sorted(exclude))
+            log.warning("no room for ranks %s outside the excluded nodes %s", moving,
+                        sorted(exclude))
             return moving
         for rank, bundle in zip(moving, fresh, strict=True):
             self.bundle_of[rank] = bundle

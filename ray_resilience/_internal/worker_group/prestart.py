@@ -61,8 +61,13 @@ class WorkerPrestarter:
         return list(wanted)
 
     def _send(self, wanted: dict[str, int], runtime_env: str | None = None) -> None:
-        from ray._private.grpc_utils import init_grpc_channel  # noqa: PLC0415
-        from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc  # noqa: PLC0415
+        # Ray-private modules, loaded only when workers are asked for.
+        from ray._private.grpc_utils import init_grpc_channel  # noqa: PLC0415 - see above
+        from ray.core.generated import (  # noqa: PLC0415 - see above
+            common_pb2,
+            node_manager_pb2,
+            node_manager_pb2_grpc,
+        )
 
         worker = ray._private.worker.global_worker
         job_config = worker.core_worker.get_job_config()

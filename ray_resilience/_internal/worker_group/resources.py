@@ -6,9 +6,9 @@ import os
 
 import ray
 
+from ray_resilience._internal.constants import ALLOW_PENDING_RESOURCES_ENV_VAR
 from ray_resilience.config import ScalingConfig
 from ray_resilience.errors import ConfigError, InsufficientResourcesError
-from ray_resilience._internal.constants import ALLOW_PENDING_RESOURCES_ENV_VAR
 
 
 def _alive_node_totals() -> list[dict[str, float]]:

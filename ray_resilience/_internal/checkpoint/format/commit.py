@@ -16,9 +16,9 @@ import time
 import zlib
 
 from ray_resilience._internal.checkpoint.format import layout
-from ray_resilience.checkpoint.errors import CheckpointCorruptError
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.wire import FileDigest
+from ray_resilience.checkpoint.errors import CheckpointCorruptError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,8 @@ class Manifest:
             if (raw["step"], raw["session"]) != (step_dir.step, step_dir.session):
                 raise ValueError(f"describes step {raw['step']} session {raw['session']}, "
                                  f"not its folder {step_dir.name}")
-            files = {layout.check_file_name(name, where=path): FileDigest(int(d["size"]), int(d["crc32"]))
+            files = {layout.check_file_name(name, where=path):
+                     FileDigest(int(d["size"]), int(d["crc32"]))
                      for name, d in raw["files"].items()}
             world_size = int(raw["world_size"])
             if world_size < 1 or layout.METADATA_NAME not in files:

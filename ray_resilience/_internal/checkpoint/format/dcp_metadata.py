@@ -63,7 +63,7 @@ def loads_metadata(data: bytes | memoryview, *, path: str) -> dcp_md.Metadata:
         md = _RestrictedUnpickler(bytes(data), path).load()
     except UnsafeCheckpointError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any decoding failure means a corrupt file
+    except Exception as exc:
         raise UnsafeCheckpointError(
             path, f"metadata does not unpickle ({type(exc).__name__}: {exc})") from exc
     if not isinstance(md, dcp_md.Metadata) or not isinstance(md.storage_data, dict):

@@ -76,7 +76,8 @@ def _encode_dict(value: dict, path: str, tensors: list[tuple[str, list[int], byt
 def _encode(value: Any, path: str, tensors: list[tuple[str, list[int], bytes]]) -> Any:
     if isinstance(value, _SCALARS):
         if isinstance(value, int) and not isinstance(value, bool) and type(value) is not int:
-            raise CheckpointStateError(path, f"int subclass {type(value).__name__} is not JSON-safe")
+            raise CheckpointStateError(path,
+                                       f"int subclass {type(value).__name__} is not JSON-safe")
         return value
     if isinstance(value, torch.Tensor):
         return {"X": _add_tensor(value, path, tensors)}
@@ -93,8 +94,9 @@ def _encode(value: Any, path: str, tensors: list[tuple[str, list[int], bytes]]) 
 
 def _add_tensor(value: torch.Tensor, path: str, tensors: list[tuple[str, list[int], bytes]]) -> int:
     if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
-        raise CheckpointStateError(path, f"only plain tensors are allowed, got {type(value).__name__} "
-                                         "(put sharded state in the model or optimizer)")
+        raise CheckpointStateError(
+            path, f"only plain tensors are allowed, got {type(value).__name__} "
+                  "(put sharded state in the model or optimizer)")
     name = _NAMES.get(value.dtype)
     if name is None:
         raise CheckpointStateError(path, f"tensor dtype {value.dtype} is not supported; "

@@ -1,9 +1,9 @@
 """Node-local run folders of the local tier: naming, the writers' locks, stale-folder clean-up.
 
 Clean-up: the run's folder on a node (`<local_dir>/ray_resilience/<run>-<token>-<node>`, one per
-`fit()` and node) is removed by the node's writers when the run ends. A writer holds a shared `flock` on the folder's
-`.lock` for its life and, when it starts, removes the folders of other runs whose lock nobody
-holds (their writers are gone: the job was killed).
+`fit()` and node) is removed by the node's writers when the run ends. A writer holds a shared
+`flock` on the folder's `.lock` for its life and, when it starts, removes the folders of other
+runs whose lock nobody holds (their writers are gone: the job was killed).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import os
 import re
 import shutil
 import time
+
+import ray
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +36,6 @@ def node_root(prefix: str, node_id: str | None = None) -> str:
     node, so a rank that moved to another node never reads the files of the one it left,
     even where nodes share a /dev/shm (several Ray nodes on one host)."""
     if node_id is None:
-        import ray  # noqa: PLC0415
-
         node_id = ray.get_runtime_context().get_node_id()
     return f"{prefix}-{node_id[:16]}"
 

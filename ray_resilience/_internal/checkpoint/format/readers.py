@@ -11,22 +11,29 @@ import io
 from typing import Any
 
 import torch
-from torch.futures import Future
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import (
-    DefaultLoadPlanner, create_default_global_save_plan)
+    DefaultLoadPlanner,
+    create_default_global_save_plan,
+)
 from torch.distributed.checkpoint.planner import (
-    LoadItemType, LoadPlan, LoadPlanner, ReadItem, SavePlan)
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+)
 from torch.distributed.checkpoint.storage import StorageReader
-from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.futures import Future
 
 from ray_resilience._internal.checkpoint.format import layout, shard_io
 from ray_resilience._internal.checkpoint.format.commit import Manifest
 from ray_resilience._internal.checkpoint.format.dcp_metadata import loads_metadata
-from ray_resilience.checkpoint.errors import CheckpointCorruptError
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item
+from ray_resilience.checkpoint.errors import CheckpointCorruptError
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -44,8 +51,9 @@ def _copy_into(planner: LoadPlanner, req: ReadItem, tensor: torch.Tensor, where:
     tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
     target = planner.resolve_tensor(req).detach()
     if target.size() != tensor.size():
-        raise CheckpointCorruptError(where, f"{req.storage_index.fqn}: stored chunk has shape "
-                                            f"{tuple(tensor.size())}, expected {tuple(target.size())}")
+        raise CheckpointCorruptError(
+            where, f"{req.storage_index.fqn}: stored chunk has shape {tuple(tensor.size())}, "
+                   f"expected {tuple(target.size())}")
     target.copy_(tensor)
     planner.commit_tensor(req, target)
 
@@ -89,7 +97,8 @@ class StorageShardReader(_ReaderBase):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_md.Metadata:
         data = self._read(layout.METADATA_NAME)
-        return loads_metadata(data, path=self.storage.display(f"{self.folder}/{layout.METADATA_NAME}"))
+        path = self.storage.display(f"{self.folder}/{layout.METADATA_NAME}")
+        return loads_metadata(data, path=path)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[ReadItem]] = {}

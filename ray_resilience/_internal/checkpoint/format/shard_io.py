@@ -19,9 +19,14 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import WriteItem
 
 from ray_resilience._internal.checkpoint.format import layout
-from ray_resilience.checkpoint.errors import CheckpointCorruptError
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
-from ray_resilience._internal.checkpoint.wire import FileDigest, ShardPayload, SaveTicket, is_tensor_item
+from ray_resilience._internal.checkpoint.wire import (
+    FileDigest,
+    SaveTicket,
+    ShardPayload,
+    is_tensor_item,
+)
+from ray_resilience.checkpoint.errors import CheckpointCorruptError
 
 
 class _DigestStream:
@@ -81,8 +86,9 @@ def _save_tensor(tensor: torch.Tensor, stream: _DigestStream) -> None:
         raise
 
 
-def write_shard(storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPayload,
-                ) -> tuple[dict[str, FileDigest], list[WriteItem], dict[MetadataIndex, _StorageInfo]]:
+def write_shard(
+    storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPayload,
+) -> tuple[dict[str, FileDigest], list[WriteItem], dict[MetadataIndex, _StorageInfo]]:
     """Writes the rank's data and extra files; returns their digests, the items written and
     where each landed. Overwrites files of an earlier try of the same shard."""
     folder = ticket.dir_name
@@ -125,5 +131,6 @@ def read_verified(storage: CheckpointStorage, folder: str, name: str,
     actual = zlib.crc32(data)
     if actual != expected.crc32:
         raise CheckpointCorruptError(storage.display(rel),
-                                     f"CRC32 {actual:#010x}, the manifest says {expected.crc32:#010x}")
+                                     f"CRC32 {actual:#010x}, "
+                                     f"the manifest says {expected.crc32:#010x}")
     return data

@@ -27,7 +27,8 @@ T = TypeVar("T")
 _AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
-def resolve(storage_path: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+def resolve(storage_path: str,
+            filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path, a file:// or an s3:// URI."""
     if filesystem is not None:
         return filesystem, storage_path
@@ -68,10 +69,8 @@ class CheckpointStorage:
         fs, base = resolve(storage_path, filesystem)
         fs = _with_env_credentials(fs)
         root = posixpath.join(base, run_name, layout.CHECKPOINTS_DIR)
-        if isinstance(fs, pafs.LocalFileSystem):
-            display = root
-        else:
-            display = f"{fs.type_name}://{root}"
+        local = isinstance(fs, pafs.LocalFileSystem)
+        display = root if local else f"{fs.type_name}://{root}"
         return cls(fs, root, display)
 
     def __reduce__(self):
@@ -153,14 +152,12 @@ class CheckpointStorage:
             _fsync(posixpath.dirname(self.path(rel)))
 
     def delete_file(self, rel: str) -> None:
-        with self._errors(rel, "delete"):
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.delete_file(self.path(rel))
+        with self._errors(rel, "delete"), contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self.path(rel))
 
     def delete_dir(self, rel: str) -> None:
-        with self._errors(rel, "delete the folder"):
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.delete_dir(self.path(rel))
+        with self._errors(rel, "delete the folder"), contextlib.suppress(FileNotFoundError):
+            self.fs.delete_dir(self.path(rel))
 
     def check_writable(self) -> None:
         """Creates the folder and writes/deletes a probe file; raises naming the path if not."""

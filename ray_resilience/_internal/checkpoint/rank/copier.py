@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from ray_resilience._internal.priority import defer_wakeups
 from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, Slot
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
+from ray_resilience._internal.priority import defer_wakeups
 
 logger = logging.getLogger(__name__)
 GUARD_WAIT_REPORTED_S = 50e-6
@@ -71,7 +71,10 @@ _VERSION = operator.attrgetter("_version")
 
 def new_job(slot: Slot, source: SaveSource, which: list[int]) -> CopyJob:
     """Taken on the training thread at `save`: the versions the copy must still see."""
-    holders = source.overlap_holders if which is source.overlap else [source.holders[i] for i in which]
+    if which is source.overlap:
+        holders = source.overlap_holders
+    else:
+        holders = [source.holders[i] for i in which]
     return CopyJob(slot, source, which, list(map(_VERSION, holders)))
 
 
@@ -81,7 +84,8 @@ class Copier:
 
     def __init__(self, *, rank: int, cond: threading.Condition, stats: RankSaveStats, done: Any,
                  delay_s: float = 0.0) -> None:
-        self.rank, self._cond, self._stats, self._done, self._delay_s = rank, cond, stats, done, delay_s
+        self.rank, self._cond, self._stats = rank, cond, stats
+        self._done, self._delay_s = done, delay_s
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         """One token per job (or close); only the copy thread takes them. A C-level queue: the
         training thread wakes the copier without running `Condition.notify`'s Python."""
@@ -194,7 +198,8 @@ class Copier:
         torn = None
         if job.error:
             torn = job.error
-            logger.warning("rank %d: checkpoint of step %s dropped: %s", self.rank, job.slot.step, job.error)
+            logger.warning("rank %d: checkpoint of step %s dropped: %s", self.rank, job.slot.step,
+                           job.error)
         elif job.moved is not None:
             torn = f"the storage of tensor {job.moved!r} was replaced"
             logger.warning(
@@ -208,6 +213,7 @@ class Copier:
                 "rank %d: checkpoint of step %s dropped: tensor %r changed while it was being "
                 "copied (the copy overlaps the next forward and backward; only optimizer.step() "
                 "waits for it). Set CheckpointConfig.snapshot='sync' if the loop changes "
-                "parameters or optimizer state outside optimizer.step().", self.rank, job.slot.step, changed)
+                "parameters or optimizer state outside optimizer.step().", self.rank, job.slot.step,
+                changed)
         job.source = None  # no reference to the live state outlives the copy
         self._done(job.slot, torn)

@@ -28,15 +28,15 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from ray_resilience._internal.priority import defer_wakeups
-from ray_resilience.checkpoint.config import CheckpointConfig
-from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
 from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot
-from ray_resilience._internal.checkpoint.service.rounds import RoundResult
+from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
 from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, Slot, SlotPool, SlotState
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
-from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket, ShardOutcome
+from ray_resilience._internal.checkpoint.service.rounds import RoundResult
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
+from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket, ShardOutcome
+from ray_resilience._internal.priority import defer_wakeups
+from ray_resilience.checkpoint.config import CheckpointConfig
 
 logger = logging.getLogger(__name__)
 _POLL_S = 2.0
@@ -58,12 +58,15 @@ class WriterLink:
     """This rank's current writer; replaced through the coordinator when it dies."""
 
     def __init__(self, *, rank: int, writer: Any, writer_id: str, coordinator: Any) -> None:
-        self.rank, self.handle, self.writer_id, self.coordinator = rank, writer, writer_id, coordinator
+        self.rank, self.handle = rank, writer
+        self.writer_id, self.coordinator = writer_id, coordinator
 
     def replace(self) -> None:
         dead = self.writer_id
-        self.handle, self.writer_id = ray.get(self.coordinator.replace_writer.remote(self.rank, dead))
-        logger.warning("rank %d: checkpoint writer %s died; now using %s", self.rank, dead, self.writer_id)
+        self.handle, self.writer_id = ray.get(
+            self.coordinator.replace_writer.remote(self.rank, dead))
+        logger.warning("rank %d: checkpoint writer %s died; now using %s", self.rank, dead,
+                       self.writer_id)
 
 
 class HandoffPipeline:
@@ -71,7 +74,8 @@ class HandoffPipeline:
 
     def __init__(self, *, rank: int, world_size: int, config: CheckpointConfig, link: WriterLink,
                  stats: RankSaveStats, copy_delay_s: float = 0.0) -> None:
-        self.rank, self.world_size, self.config, self.link, self.stats = rank, world_size, config, link, stats
+        self.rank, self.world_size, self.config = rank, world_size, config
+        self.link, self.stats = link, stats
         # One lock, several conditions: each background thread waits on its own, so a save
         # wakes only the thread that has work (on a busy core every needless wake-up is a
         # context switch and a GIL hand-off the training thread pays for).
@@ -79,7 +83,8 @@ class HandoffPipeline:
         self.cond = threading.Condition(lock)
         self._handed_cond = threading.Condition(lock)
         self.pool = SlotPool()
-        self.copier = Copier(rank=rank, cond=self.cond, stats=stats, done=self._copied, delay_s=copy_delay_s)
+        self.copier = Copier(rank=rank, cond=self.cond, stats=stats, done=self._copied,
+                             delay_s=copy_delay_s)
         self.session: str | None = None
         self.writing: SaveTicket | None = None
         self._rounds: collections.deque[_Round] = collections.deque()
@@ -89,8 +94,9 @@ class HandoffPipeline:
         """(writer id, plan id) of the plans a writer was sent (rounds thread only)."""
         self._handed: collections.deque[SaveTicket] = collections.deque()
         self._closed = False
-        self._threads = [threading.Thread(target=target, name=f"rr-ckpt-{name}-r{rank}", daemon=True)
-                         for name, target in (("rounds", self._run_rounds), ("wait", self._run_waiter))]
+        self._threads = [
+            threading.Thread(target=target, name=f"rr-ckpt-{name}-r{rank}", daemon=True)
+            for name, target in (("rounds", self._run_rounds), ("wait", self._run_waiter))]
         for thread in self._threads:
             thread.start()
 
@@ -106,7 +112,8 @@ class HandoffPipeline:
             self.stats.counts["dropped_at_restart"] += dropped
             self.cond.notify_all()
 
-    def stage(self, step: int, source: SaveSource, extra: ExtraSnapshot, *, copy_all_now: bool) -> bool:
+    def stage(self, step: int, source: SaveSource, extra: ExtraSnapshot, *,
+              copy_all_now: bool) -> bool:
         """Takes the snapshot of `step` (or skips it, per policy) and queues its round."""
         policy = self.config.in_flight_policy
         with self.cond:
@@ -165,7 +172,8 @@ class HandoffPipeline:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                wait = self.config.warn_interval_s if left is None else min(left, self.config.warn_interval_s)
+                warn_s = self.config.warn_interval_s
+                wait = warn_s if left is None else min(left, warn_s)
                 if not self.cond.wait(wait) and self.busy():
                     logger.warning("rank %d: %s; still waiting after %.0f s (%s)", self.rank, why,
                                    time.monotonic() - start, self.describe())
@@ -250,12 +258,14 @@ class HandoffPipeline:
             self.cond.wait(self.config.warn_interval_s)
 
     def _vote(self, rnd: _Round, ready: bool, keys: list | None) -> RoundResult:
-        coordinator, deadline = self.link.coordinator, time.monotonic() + self.config.write_timeout_s
+        coordinator = self.link.coordinator
+        deadline = time.monotonic() + self.config.write_timeout_s
         if rnd.session != self.session:
             return RoundResult(False, "session ended")
         try:
-            result = ray.get(coordinator.vote.remote(rnd.session, rnd.step, self.rank, ready, rnd.plan_id,
-                                                     keys, VOTE_WAIT_S if ready else 0.0),
+            result = ray.get(coordinator.vote.remote(rnd.session, rnd.step, self.rank, ready,
+                                                     rnd.plan_id, keys,
+                                                     VOTE_WAIT_S if ready else 0.0),
                              timeout=CALL_TIMEOUT_S)
             if keys is not None:
                 with self.cond:
@@ -268,7 +278,8 @@ class HandoffPipeline:
                     return RoundResult(False, "session ended")
                 now = time.monotonic()
                 if now > deadline:
-                    why = f"no outcome within CheckpointConfig.write_timeout_s={self.config.write_timeout_s}"
+                    why = ("no outcome within CheckpointConfig.write_timeout_s="
+                           f"{self.config.write_timeout_s}")
                     coordinator.withdraw_round.remote(rnd.session, rnd.step, self.rank, why)
                     return RoundResult(False, why)
                 if now > next_warning:
@@ -277,7 +288,8 @@ class HandoffPipeline:
                     logger.warning("rank %d: checkpoint step %d waits for ranks %s to be ready",
                                    self.rank, rnd.step, missing)
                     next_warning = now + self.config.warn_interval_s
-                result = ray.get(coordinator.poll_round.remote(rnd.session, rnd.step, self.rank, VOTE_WAIT_S),
+                result = ray.get(coordinator.poll_round.remote(rnd.session, rnd.step, self.rank,
+                                                               VOTE_WAIT_S),
                                  timeout=CALL_TIMEOUT_S)
             return result
         except Exception as exc:  # noqa: BLE001 - this save is lost; training goes on
@@ -293,7 +305,8 @@ class HandoffPipeline:
             with self.cond:
                 slot.release()
                 self.cond.notify_all()
-            self._record(ticket, ShardOutcome(ticket.session, ticket.step, False, f"ray.put failed: {exc}"))
+            self._record(ticket, ShardOutcome(ticket.session, ticket.step, False,
+                                              f"ray.put failed: {exc}"))
             return
         with self.cond:
             slot.release()
@@ -329,7 +342,8 @@ class HandoffPipeline:
             return ShardOutcome(ticket.session, ticket.step, False,
                                 f"writer {writer_id} died during the save ({type(exc).__name__})")
         except GetTimeoutError:
-            return ShardOutcome(ticket.session, ticket.step, False, f"writer {writer_id} did not answer")
+            return ShardOutcome(ticket.session, ticket.step, False,
+                                f"writer {writer_id} did not answer")
         finally:
             boxed.clear()  # the writer holds its own copy now (or the save is lost); free ours
 
@@ -348,28 +362,32 @@ class HandoffPipeline:
 
     def _wait_durable(self, ticket: SaveTicket) -> ShardOutcome:
         deadline = time.monotonic() + self.config.write_timeout_s
-        writer_id, next_warning = self.link.writer_id, time.monotonic() + self.config.warn_interval_s
+        writer_id = self.link.writer_id
+        next_warning = time.monotonic() + self.config.warn_interval_s
         try:
             while True:
-                outcome = ray.get(self.link.handle.wait.remote(ticket.key, _POLL_S), timeout=_POLL_S + 60)
+                outcome = ray.get(self.link.handle.wait.remote(ticket.key, _POLL_S),
+                                  timeout=_POLL_S + 60)
                 if outcome is not None:
                     return outcome
                 now = time.monotonic()
                 if self._closed or now > deadline:
                     why = "checkpointer closed" if self._closed else (
-                        f"not durable within CheckpointConfig.write_timeout_s={self.config.write_timeout_s}")
+                        "not durable within CheckpointConfig.write_timeout_s="
+                        f"{self.config.write_timeout_s}")
                     return ShardOutcome(ticket.session, ticket.step, False, why)
                 if now > next_warning:
-                    logger.warning("rank %d: checkpoint step %d not durable after %.0f s (writer %s)",
-                                   self.rank, ticket.step, now - deadline + self.config.write_timeout_s,
-                                   writer_id)
+                    logger.warning("rank %d: checkpoint step %d not durable after %.0f s "
+                                   "(writer %s)", self.rank, ticket.step,
+                                   now - deadline + self.config.write_timeout_s, writer_id)
                     next_warning = now + self.config.warn_interval_s
         except RayActorError as exc:
             self._replace_writer()
             return ShardOutcome(ticket.session, ticket.step, False,
                                 f"writer {writer_id} died during the save ({type(exc).__name__})")
         except GetTimeoutError:
-            return ShardOutcome(ticket.session, ticket.step, False, f"writer {writer_id} did not answer")
+            return ShardOutcome(ticket.session, ticket.step, False,
+                                f"writer {writer_id} did not answer")
 
     def _finish_write(self, ticket: SaveTicket, outcome: ShardOutcome) -> None:
         self._record(ticket, outcome)
@@ -393,4 +411,5 @@ class HandoffPipeline:
         self.stats.counts["failed"] += 1
         self.stats.last_error = f"step {ticket.step}: {outcome.error}"
         logger.warning("rank %d: checkpoint of step %d was not saved: %s. Training continues; the "
-                       "previous committed checkpoint stays loadable.", self.rank, ticket.step, outcome.error)
+                       "previous committed checkpoint stays loadable.", self.rank, ticket.step,
+                       outcome.error)

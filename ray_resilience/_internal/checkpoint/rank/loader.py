@@ -24,14 +24,25 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
 from ray_resilience._internal.checkpoint.format import commit, layout, shard_io
-from ray_resilience._internal.checkpoint.rank.agreement import Agreement
-from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointLoadError
-from ray_resilience._internal.checkpoint.format.extra_codec import decode_extra
-from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots, layout_digest
-from ray_resilience._internal.checkpoint.format.readers import MemoryShardReader, SafeLoadPlanner, StorageShardReader
-from ray_resilience._internal.checkpoint.rank.snapshot import MODEL_KEY, OPTIMIZER_KEY, capture, state_dict_of
+from ray_resilience._internal.checkpoint.format.extra_codec import decode_extra, encode_extra
+from ray_resilience._internal.checkpoint.format.readers import (
+    MemoryShardReader,
+    SafeLoadPlanner,
+    StorageShardReader,
+)
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.rank.agreement import Agreement
+from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots, layout_digest
+from ray_resilience._internal.checkpoint.rank.snapshot import (
+    MODEL_KEY,
+    OPTIMIZER_KEY,
+    StagingBuffers,
+    capture,
+    state_dict_of,
+)
+from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.wire import is_tensor_item, item_nbytes, layout_key
+from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointLoadError
 from ray_resilience.checkpoint.loaded import LoadedCheckpoint
 
 logger = logging.getLogger(__name__)
@@ -55,7 +66,8 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
     """Restores the newest step every rank can load. None when nothing is committed (and no
     local snapshot exists); raises CheckpointLoadError when steps are committed but none loads
     on every rank."""
-    committed, holders = ray.get(target.coordinator.load_info.remote(target.rank), timeout=CALL_TIMEOUT_S)
+    committed, holders = ray.get(target.coordinator.load_info.remote(target.rank),
+                                 timeout=CALL_TIMEOUT_S)
     offer, own = _local_offer(target)
     gathered = agreement.gather(([d.name for d in committed], offer))
     names = gathered[0][0]
@@ -87,8 +99,8 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
         errors = agreement.gather(error)
         reason = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e) or "unknown error"
         failures.append(f"step {step_dir.step} ({reason})")
-        logger.warning("rank %d: checkpoint step %d is not loadable on every rank (%s); falling back "
-                       "to the previous committed step", target.rank, step_dir.step, reason)
+        logger.warning("rank %d: checkpoint step %d is not loadable on every rank (%s); falling "
+                       "back to the previous committed step", target.rank, step_dir.step, reason)
     if candidates:
         raise CheckpointLoadError(target.storage.display(), failures)
     return None
@@ -152,7 +164,8 @@ def _try_step(target: LoadTarget, step_dir: layout.StepDir, holders: list[Any] |
         return state, None, _describe(exc)
 
 
-def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any, state: dict) -> dict | None:
+def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
+                 state: dict) -> dict | None:
     try:
         entry = ray.get(holder.memory_entry.remote(target.rank, step_dir.session, step_dir.step),
                         timeout=CALL_TIMEOUT_S)
@@ -186,8 +199,8 @@ def _load_snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer | No
 def _from_storage(target: LoadTarget, step_dir: layout.StepDir, state: dict) -> dict:
     manifest = commit.read_manifest(target.storage, step_dir)
     if manifest is None:
-        raise CheckpointCorruptError(target.storage.display(f"{step_dir.name}/{layout.MANIFEST_NAME}"),
-                                     "the commit manifest disappeared")
+        where = target.storage.display(f"{step_dir.name}/{layout.MANIFEST_NAME}")
+        raise CheckpointCorruptError(where, "the commit manifest disappeared")
     _dcp_load(state, StorageShardReader(target.storage, manifest))
     owner = target.rank if target.rank < manifest.world_size else 0
     name = layout.extra_file_name(owner)
@@ -219,10 +232,6 @@ def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     pays them before it takes over a dead rank. No RPC, no collective; `model` and `optimizer`
     end with the values they had.
     """
-    from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra  # noqa: PLC0415
-    from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers  # noqa: PLC0415
-    from ray_resilience._internal.checkpoint.rank.state_cache import StateCache  # noqa: PLC0415
-
     source = StateCache().source(model, optimizer)
     buffers = StagingBuffers(source.items, source.tensors)
     buffers.copy_now(source.tensors, list(range(len(source.tensors))))

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from ray_resilience._internal.checkpoint.wire import ShardPayload, layout_key
+
 logger = logging.getLogger(__name__)
 
 HEADER_BYTES = 4096
@@ -61,8 +63,6 @@ class LocalSlot:
 
 def layout_digest(items: list) -> str:
     """What a snapshot's shard layout must equal to be read into a rank's state."""
-    from ray_resilience._internal.checkpoint.wire import layout_key  # noqa: PLC0415
-
     return hashlib.sha1(repr(layout_key(items)).encode()).hexdigest()
 
 
@@ -125,7 +125,8 @@ class LocalSnapshots:
             if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
                 views = None  # copied at every save: no view of these stays current
                 break
-            views.append(t.reshape(-1).view(_uint8()).numpy() if t.numel() else np.empty(0, np.uint8))
+            views.append(t.reshape(-1).view(_uint8()).numpy() if t.numel()
+                         else np.empty(0, np.uint8))
         if views is None:
             return [t.detach().resolve_conj().resolve_neg().contiguous().cpu().reshape(-1)
                     .view(_uint8()).numpy() for t in source.tensors]
@@ -177,8 +178,6 @@ class LocalSnapshots:
     def read(self, session: str, step: int, layout: str, tensor_sizes: list[int]) -> Any | None:
         """The snapshot of (`session`, `step`) as a `ShardPayload` (tensor arrays sized by the
         reader's own plan, `tensor_sizes` in item order), or None when no file holds it intact."""
-        from ray_resilience._internal.checkpoint.wire import ShardPayload  # noqa: PLC0415
-
         for slot in (0, 1):
             found = self._read_header(slot)
             if found is None:
@@ -240,7 +239,8 @@ class LocalSnapshots:
         if header is None or header.get("state") != "complete" or header.get("rank") != self.rank:
             return None
         try:
-            info = LocalSlot(slot, str(header["session"]), int(header["step"]), str(header["layout"]))
+            info = LocalSlot(slot, str(header["session"]), int(header["step"]),
+                             str(header["layout"]))
             if not all(isinstance(n, int) and n >= 0 for n in
                        (header["tensor_bytes"], header["extra"], *header["blobs"])):
                 return None

@@ -18,15 +18,16 @@ from typing import Any
 
 import torch
 
-from ray_resilience._internal.checkpoint.rank.agreement import Agreement
 from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot, snapshot_extra
+from ray_resilience._internal.checkpoint.format.local_roots import node_root
+from ray_resilience._internal.checkpoint.rank.agreement import Agreement
 from ray_resilience._internal.checkpoint.rank.handoff import HandoffPipeline, WriterLink
 from ray_resilience._internal.checkpoint.rank.loader import LoadTarget, load_newest
-from ray_resilience._internal.checkpoint.format.local_roots import node_root
 from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots
-from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
 from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, SlotState
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
+from ray_resilience._internal.constants import env_float
 from ray_resilience.checkpoint.loaded import LoadedCheckpoint
 
 logger = logging.getLogger(__name__)
@@ -40,19 +41,20 @@ class RankCheckpointer:
     ranks exists when it loads (none is needed for a single rank)."""
 
     def __init__(self, spec: RankCheckpointSpec, *, rank: int, world_size: int) -> None:
-        from ray_resilience._internal.constants import env_float  # noqa: PLC0415
-
         self.spec, self.rank, self.world_size, self.config = spec, rank, world_size, spec.config
         self._agreement = Agreement(rank=rank, world_size=world_size,
                                     timeout_s=spec.config.collective_timeout_s)
         self._stats = RankSaveStats()
         link = WriterLink(rank=rank, writer=spec.writer, writer_id=spec.writer_id,
                           coordinator=spec.coordinator)
-        self._pipeline = HandoffPipeline(rank=rank, world_size=world_size, config=spec.config, link=link,
-                                         stats=self._stats, copy_delay_s=env_float(COPY_DELAY_ENV_VAR, 0.0))
+        self._pipeline = HandoffPipeline(rank=rank, world_size=world_size, config=spec.config,
+                                         link=link, stats=self._stats,
+                                         copy_delay_s=env_float(COPY_DELAY_ENV_VAR, 0.0))
         self._cache = StateCache()
-        self._local = (LocalSnapshots(node_root(spec.local_root), rank, max_bytes=spec.config.local_max_bytes)
-                       if spec.local_root is not None and spec.config.local_interval_steps else None)
+        self._local = None
+        if spec.local_root is not None and spec.config.local_interval_steps:
+            self._local = LocalSnapshots(node_root(spec.local_root), rank,
+                                         max_bytes=spec.config.local_max_bytes)
         self._local_blocking: list[tuple[int, float]] = []
         self._session: str | None = None
         self._closed = False
@@ -65,15 +67,17 @@ class RankCheckpointer:
         """Saves when `step % interval_steps == 0`; returns the seconds the training thread was
         blocked, or None when this step saves nothing. Also writes the local tier when
         `step % local_interval_steps == 0` (its blocking: `take_local_blocking`)."""
-        local = self._local is not None and self._local.disabled is None and self.config.is_local_step(step)
+        local = (self._local is not None and self._local.disabled is None
+                 and self.config.is_local_step(step))
         if not self.config.is_save_step(step):
             if local:
                 self._save_local(step, model, optimizer, extra)
             return None
         return self.save(step, model=model, optimizer=optimizer, extra=extra, local=local)
 
-    def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-             extra: dict[str, Any] | None = None, local: bool = False) -> float | None:
+    def save(self, step: int, *, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None,
+             local: bool = False) -> float | None:
         """Snapshots this rank's shards of `step` and hands them off in the background (and,
         with `local`, writes them to the local tier). Returns the blocking seconds of the
         committed save, or None when the in-flight policy skipped it."""
@@ -85,14 +89,17 @@ class RankCheckpointer:
         if self._session is None:  # a loop that saves without loading first
             self._begin_session()
         if self.config.in_flight_policy == "block":
-            self._pipeline.wait_idle(None, why="in_flight_policy='block' waits for the previous save")
+            self._pipeline.wait_idle(
+                None, why="in_flight_policy='block' waits for the previous save")
         self._stats.phase("wait", start)
         captured = time.perf_counter()
         # With the local tier every tensor is also copied now: their addresses are checked here.
-        source = self._cache.source(model, optimizer, None if local else self._copies_later(optimizer))
+        copies_later = None if local else self._copies_later(optimizer)
+        source = self._cache.source(model, optimizer, copies_later)
         self._stats.phase("capture", captured)
         copied = time.perf_counter()
-        overlap = self.config.overlaps_copy(source.tensor_bytes, has_optimizer=optimizer is not None)
+        overlap = self.config.overlaps_copy(source.tensor_bytes,
+                                            has_optimizer=optimizer is not None)
         if overlap:
             self._pipeline.copier.guard(optimizer)
         staged = self._pipeline.stage(step, source, extra_state, copy_all_now=not overlap)
@@ -105,10 +112,11 @@ class RankCheckpointer:
 
     def _copies_later(self, optimizer: torch.optim.Optimizer | None) -> Any:
         has_optimizer = optimizer is not None
-        return lambda tensor_bytes: self.config.overlaps_copy(tensor_bytes, has_optimizer=has_optimizer)
+        return lambda tensor_bytes: self.config.overlaps_copy(tensor_bytes,
+                                                              has_optimizer=has_optimizer)
 
-    def _save_local(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    extra: dict[str, Any] | None) -> None:
+    def _save_local(self, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None, extra: dict[str, Any] | None) -> None:
         if self._closed:
             raise RuntimeError("RankCheckpointer.save() after close()")
         start = time.perf_counter()
@@ -117,7 +125,8 @@ class RankCheckpointer:
             self._begin_session()
         self._write_local(step, self._cache.source(model, optimizer), extra_state, start=start)
 
-    def _write_local(self, step: int, source: Any, extra: ExtraSnapshot, start: float | None = None) -> None:
+    def _write_local(self, step: int, source: Any, extra: ExtraSnapshot,
+                     start: float | None = None) -> None:
         start = time.perf_counter() if start is None else start
         assert self._local is not None and self._session is not None
         if self._local.save(step, self._session, source, extra.encode()):
@@ -142,7 +151,8 @@ class RankCheckpointer:
         can no longer commit. Returns None when the run has no committed checkpoint."""
         self._cache.clear()
         self._begin_session()
-        target = LoadTarget(rank=self.rank, storage=self.spec.storage, coordinator=self.spec.coordinator,
+        target = LoadTarget(rank=self.rank, storage=self.spec.storage,
+                            coordinator=self.spec.coordinator,
                             memory_tier=self.config.memory_tier, model=model, optimizer=optimizer,
                             local=self._local)
         return load_newest(target, self._agreement)
@@ -177,12 +187,16 @@ class RankCheckpointer:
             held = [s for s in pipeline.pool.slots
                     if s.state in (SlotState.COPYING, SlotState.STAGED, SlotState.VOTING)]
             putting = pipeline.pool.in_state(SlotState.PUTTING)
-            writing = pipeline.writing.step if pipeline.writing else (putting[0].step if putting else None)
+            if pipeline.writing:
+                writing = pipeline.writing.step
+            else:
+                writing = putting[0].step if putting else None
             slots = {"pending_step": max((s.step for s in held), default=None),
                      "writing_step": writing, "staging_bytes": pipeline.pool.staging_bytes,
                      "pipeline": pipeline.describe()}
         local = self._local.stats() if self._local is not None else {}
-        return {"rank": self.rank, "session": self._session, **slots, **self._stats.as_dict(), **local}
+        return {"rank": self.rank, "session": self._session, **slots, **self._stats.as_dict(),
+                **local}
 
     def close(self) -> None:
         """Stops the background threads; a pending snapshot is dropped, a write in progress is

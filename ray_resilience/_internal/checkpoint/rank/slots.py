@@ -74,7 +74,8 @@ class SlotPool:
     def in_state(self, *states: SlotState) -> list[Slot]:
         return [s for s in self.slots if s.state in states]
 
-    def acquire(self, items: list, sources: list, *, may_withdraw: bool) -> tuple[Slot | None, Slot | None]:
+    def acquire(self, items: list, sources: list, *,
+                may_withdraw: bool) -> tuple[Slot | None, Slot | None]:
         """A slot for a new snapshot of `items`: (slot, withdrawn). `withdrawn` is the STAGED slot
         whose older snapshot was dropped to make room (coalesce); (None, None) when every slot
         is still in use, so this save cannot be staged without waiting."""
@@ -89,7 +90,8 @@ class SlotPool:
             self.slots.append(slot)
             return slot, None
         if may_withdraw:
-            staged = [s for s in self.slots if s.state is SlotState.STAGED and s.buffers.matches(items)]
+            staged = [s for s in self.slots
+                      if s.state is SlotState.STAGED and s.buffers.matches(items)]
             if staged:
                 oldest = min(staged, key=lambda s: s.step)
                 return oldest, oldest

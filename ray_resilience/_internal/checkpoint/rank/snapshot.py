@@ -26,7 +26,8 @@ from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_ite
 MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
 
 
-def state_dict_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def state_dict_of(model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """The (sharded) state dict saved and loaded: {"model": ..., "optimizer": ...}."""
     state = {MODEL_KEY: get_model_state_dict(model)}
     if optimizer is not None:
@@ -54,8 +55,9 @@ class CapturedState:
         plan = self.planner.create_local_plan()
         return list(plan.items), dict(plan.planner_data or {})
 
-    def sources(self, items: list[WriteItem], blob_cache: dict[str, tuple[Any, bytes]] | None = None,
-                ) -> tuple[list[torch.Tensor], list[bytes]]:
+    def sources(
+        self, items: list[WriteItem], blob_cache: dict[str, tuple[Any, bytes]] | None = None,
+    ) -> tuple[list[torch.Tensor], list[bytes]]:
         """The live local tensors of the tensor items, and the serialized byte items (reused
         from `blob_cache` while a value is unchanged: torch.save of each costs ~0.2 ms)."""
         tensors, blobs = [], []
@@ -64,7 +66,8 @@ class CapturedState:
             if is_tensor_item(item):
                 tensors.append(self.planner.resolve_data(item).detach())
             else:
-                blobs.append(serialize_item(item.index.fqn, self.planner.lookup_object(item.index), cache))
+                value = self.planner.lookup_object(item.index)
+                blobs.append(serialize_item(item.index.fqn, value, cache))
         return tensors, blobs
 
 
@@ -110,9 +113,10 @@ class StagingBuffers:
             n = item_nbytes(item)
             self.spans.append((at, n))
             at += -(-n // self.ALIGN) * self.ALIGN
-        self.flat = torch.empty(at, dtype=torch.uint8, pin_memory=any(src.is_cuda for src in sources))
-        self.buffers = [self._view(item, offset, n) for item, (offset, n) in zip(tensor_items, self.spans,
-                                                                                 strict=True)]
+        self.flat = torch.empty(at, dtype=torch.uint8,
+                                pin_memory=any(src.is_cuda for src in sources))
+        self.buffers = [self._view(item, offset, n)
+                        for item, (offset, n) in zip(tensor_items, self.spans, strict=True)]
         self.data: np.ndarray = self.flat.numpy()
         self.nbytes = sum(n for _, n in self.spans)
 

@@ -95,7 +95,8 @@ class _Entry:
     overlap: list[int]
     immediate: list[int]
     getters: list[tuple[int, str] | None] | None
-    """Per byte item: (group index, setting) to re-read, or None for a constant; None: no fast path."""
+    """Per byte item: (group index, setting) to re-read, or None for a constant; None: no fast
+    path."""
     constant_blobs: list[bytes]
     byte_fqns: list[str]
     """The byte items' names, in plan order (the fast path re-serializes these)."""
@@ -131,7 +132,8 @@ def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 _chain, _values = itertools.chain.from_iterable, dict.values
-_CHILDREN, _PARAMS, _BUFFERS = (operator.attrgetter(name) for name in ("_modules", "_parameters", "_buffers"))
+_CHILDREN, _PARAMS, _BUFFERS = (operator.attrgetter(name)
+                                for name in ("_modules", "_parameters", "_buffers"))
 
 
 @dataclasses.dataclass(eq=False)
@@ -231,8 +233,9 @@ class StateCache:
         if entry.source is not None and entry.source.blobs is blobs:
             return entry.source
         plan = entry.plan
-        entry.source = SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys, entry.tensors,
-                                  entry.names, entry.holders, entry.overlap, entry.immediate, blobs,
+        entry.source = SaveSource(plan.items, plan.planner_data, plan.plan_id, plan.keys,
+                                  entry.tensors, entry.names, entry.holders, entry.overlap,
+                                  entry.immediate, blobs,
                                   plan.tensor_bytes, entry.addresses, entry.on_moved,
                                   entry.overlap_holders)
         return entry.source
@@ -240,7 +243,8 @@ class StateCache:
     def _reusable(self, entry: _Entry, fp: Fingerprint, copies_later: Any) -> bool:
         if entry.getters is None or entry.moved or not entry.fingerprint.matches(fp):
             return False
-        if copies_later is not None and not self._check_addresses and copies_later(entry.plan.tensor_bytes):
+        if (copies_later is not None and not self._check_addresses
+                and copies_later(entry.plan.tensor_bytes)):
             return True  # the copier checks the stepped tensors' addresses
         return _first_moved(entry.holders, entry.addresses, range(len(entry.addresses))) is None
 
@@ -264,7 +268,8 @@ class StateCache:
         getters, constants = _byte_getters(state, plan.items, optimizer, blobs)
         byte_fqns = [i.index.fqn for i in plan.items if not is_tensor_item(i)]
         overlapping = set(overlap)
-        addresses = [_local(h).data_ptr() if i in overlapping else None for i, h in enumerate(holders)]
+        addresses = [_local(h).data_ptr() if i in overlapping else None
+                     for i, h in enumerate(holders)]
         entry = _Entry(fp, plan, tensors, [i.index.fqn for i in tensor_items], holders,
                        overlap, immediate, getters, constants, byte_fqns, addresses)
         entry.on_moved = functools.partial(self._mark_moved, entry)
@@ -272,11 +277,13 @@ class StateCache:
         entry.settings = [g for g in getters or () if g is not None]
         if getters is not None and optimizer is not None:  # the next save may reuse these blobs
             groups = optimizer.param_groups
-            entry.blobs, entry.settings_seen = blobs, _copied([groups[g][k] for g, k in entry.settings])
+            entry.blobs = blobs
+            entry.settings_seen = _copied([groups[g][k] for g, k in entry.settings])
         return entry, blobs
 
 
-def _first_moved(holders: list[torch.Tensor], addresses: list[int | None], which: Any) -> int | None:
+def _first_moved(holders: list[torch.Tensor], addresses: list[int | None],
+                 which: Any) -> int | None:
     """The first index in `which` whose holder's storage is no longer at its recorded address."""
     for i in which:
         want = addresses[i]
@@ -335,7 +342,8 @@ def _byte_getters(state: CapturedState, items: list, optimizer: torch.optim.Opti
             constants.append(blob)
             continue
         group = optimizer.param_groups[path[2]]
-        if path[3] not in group or not _equal(group[path[3]], state.planner.lookup_object(item.index)):
+        if (path[3] not in group
+                or not _equal(group[path[3]], state.planner.lookup_object(item.index))):
             return None, []
         getters.append((path[2], path[3]))
     return getters, constants

@@ -73,7 +73,8 @@ class CommitQueue:
     def pending(self) -> dict[str, list[int] | str]:
         """For stats: "session:step" -> the ranks reported so far, or "queued" / "committing"."""
         with self._lock:
-            out: dict[str, list[int] | str] = {f"{s}:{st}": sorted(r) for (s, st), r in self._arrived.items()}
+            out: dict[str, list[int] | str] = {f"{s}:{st}": sorted(r)
+                                               for (s, st), r in self._arrived.items()}
             out.update({f"{s}:{st}": "queued" for (s, st), _ in self._complete})
             if self._committing is not None:
                 s, st = self._committing

@@ -23,11 +23,11 @@ from typing import Any
 import ray
 
 from ray_resilience._internal.checkpoint.format import commit, layout
-from ray_resilience._internal.checkpoint.service.commit_queue import CommitQueue
-from ray_resilience.checkpoint.config import CheckpointConfig
-from ray_resilience._internal.checkpoint.service.rounds import RoundResult, RoundTable
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.service.commit_queue import CommitQueue
+from ray_resilience._internal.checkpoint.service.rounds import RoundResult, RoundTable
 from ray_resilience._internal.checkpoint.service.writer_pool import WriterPool
+from ray_resilience.checkpoint.config import CheckpointConfig
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class CommitCoordinator:
         self._rounds = RoundTable()
         self._node_id = ray.get_runtime_context().get_node_id()
         self._pool = WriterPool(storage=storage, config=config,
-                                coordinator=ray.get_runtime_context().current_actor, local_root=local_root)
+                                coordinator=ray.get_runtime_context().current_actor,
+                                local_root=local_root)
         self._prune()
 
     def ready(self) -> bool:
@@ -177,18 +178,21 @@ class CommitCoordinator:
         logger.warning("checkpoint step %d was not committed: %s", step, error)
         self._counts["commit_failures"] += 1
 
-    def _on_committed(self, step_dir: layout.StepDir, reports: dict[int, tuple[str, float, bytes]]) -> None:
+    def _on_committed(self, step_dir: layout.StepDir,
+                      reports: dict[int, tuple[str, float, bytes]]) -> None:
         now = time.time()
         with self._lock:
             self._committed.insert(0, step_dir)
             holders = self._holders[step_dir] = {
-                rank: [writer_id, *self._pool.replica_holders(writer_id, self.config.memory_replicas)]
+                rank: [writer_id,
+                       *self._pool.replica_holders(writer_id, self.config.memory_replicas)]
                 for rank, (writer_id, _, _) in reports.items()}
             self._latencies.append(now - min(staged_at for _, staged_at, _ in reports.values()))
             self._counts["committed"] += 1
             self._commit_seq += 1
             seq = self._commit_seq
-        logger.info("checkpoint step %d committed (%s)", step_dir.step, self.storage.display(step_dir.name))
+        logger.info("checkpoint step %d committed (%s)", step_dir.step,
+                    self.storage.display(step_dir.name))
         replicas = {rank: [h for h in map(self._pool.handle, ids[1:]) if h is not None]
                     for rank, ids in holders.items()}
         self._pool.broadcast_commit(step_dir.session, step_dir.step, seq, replicas)
@@ -229,7 +233,8 @@ class CommitCoordinator:
             with self._round_cond:
                 open_rounds = self._rounds.open_rounds()
             return {
-                "session": self._session, "world_size": self._world_size, "open_rounds": open_rounds,
+                "session": self._session, "world_size": self._world_size,
+                "open_rounds": open_rounds,
                 "coordinator_has_torch": "torch" in sys.modules,  # never: writers build commits
                 "committed_steps": [d.step for d in self._committed],
                 "pending_steps": pending, "counts": dict(self._counts),

@@ -6,7 +6,6 @@ coordinator and the writers, and hands out a `RankCheckpointSpec` per rank for t
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from typing import Any
 
@@ -14,12 +13,15 @@ import pyarrow.fs as pafs
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_resilience.checkpoint.config import CheckpointConfig
-from ray_resilience._internal.checkpoint.service.coordinator import CommitCoordinator
 from ray_resilience._internal.checkpoint.format.local_roots import run_root
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
-from ray_resilience._internal.checkpoint.service.writer_pool import launch_writer, with_suppressed_kill
+from ray_resilience._internal.checkpoint.service.coordinator import CommitCoordinator
+from ray_resilience._internal.checkpoint.service.writer_pool import (
+    launch_writer,
+    with_suppressed_kill,
+)
 from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
+from ray_resilience.checkpoint.config import CheckpointConfig
 
 COORDINATOR_MAX_CONCURRENCY = 64
 CALL_TIMEOUT_S = 300.0
@@ -53,13 +55,16 @@ class CheckpointService:
         concurrency = max(COORDINATOR_MAX_CONCURRENCY, 2 * world_size + 16)
         coordinator = ray.remote(CommitCoordinator).options(
             num_cpus=0, max_concurrency=concurrency, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),  # with the supervisor
+            # On the supervisor's node.
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         ).remote(storage=storage, config=config, local_root=local_root)
         # The writers' processes start now, alongside the coordinator's (each imports torch:
         # seconds), instead of after it; the coordinator adopts them.
-        launched = {(node, index): launch_writer(storage=storage, config=config, coordinator=coordinator,
-                                                 node_id=node, index=index, local_root=local_root)
-                    for node in dict.fromkeys(node_ids_by_rank) for index in range(config.writers_per_node)}
+        launched = {(node, index): launch_writer(storage=storage, config=config,
+                                                 coordinator=coordinator, node_id=node,
+                                                 index=index, local_root=local_root)
+                    for node in dict.fromkeys(node_ids_by_rank)
+                    for index in range(config.writers_per_node)}
         try:
             writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank), launched),
                               timeout=CALL_TIMEOUT_S)
@@ -75,7 +80,8 @@ class CheckpointService:
         writer, writer_id = self._writers[rank]
         return RankCheckpointSpec(storage=self.storage, config=self.config,
                                   coordinator=self._coordinator, writer=writer, writer_id=writer_id,
-                                  rank=rank, world_size=len(self._writers), local_root=self.local_root)
+                                  rank=rank, world_size=len(self._writers),
+                                  local_root=self.local_root)
 
     def ensure_writers(self, node_ids_by_rank: list[str]) -> list[RankCheckpointSpec]:
         """After a respawn (or a shrink): replaces dead writers, serves new nodes; fresh specs."""
@@ -110,5 +116,5 @@ class CheckpointService:
             pass
         try:
             ray.kill(self._coordinator)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - already gone
             pass

@@ -33,7 +33,7 @@ class WarmImport:
         try:
             for name in self._modules:
                 importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the first user imports again and reports the error
+        except Exception:
             logger.exception("background import of %s failed", self._modules)
         finally:
             self._done.set()
@@ -45,7 +45,7 @@ class WarmImport:
         """Unpickles an RPC message from this service's own ranks or writers (never data read
         from storage), once the import is over."""
         self._done.wait()
-        return pickle.loads(data)  # noqa: S301 - our own process-to-process message
+        return pickle.loads(data)
 
 
 def dumps(message: Any) -> bytes:

@@ -22,14 +22,20 @@ from typing import Any
 
 import ray
 
-from ray_resilience._internal.priority import lower_process
 from ray_resilience._internal.checkpoint.format import commit, layout
-from ray_resilience.checkpoint.config import CheckpointConfig
-from ray_resilience.checkpoint.errors import CheckpointStorageError
 from ray_resilience._internal.checkpoint.format.local_roots import RootLock, node_root
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
-from ray_resilience._internal.checkpoint.wire import NEED_PLAN, MemoryEntry, SaveTicket, ShardOutcome, ShardReport
 from ray_resilience._internal.checkpoint.service.warm_import import WarmImport, dumps
+from ray_resilience._internal.checkpoint.wire import (
+    NEED_PLAN,
+    MemoryEntry,
+    SaveTicket,
+    ShardOutcome,
+    ShardReport,
+)
+from ray_resilience._internal.priority import lower_process
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.errors import CheckpointStorageError
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, int, int]  # (session, step, rank)
@@ -52,7 +58,8 @@ class CheckpointWriter:
     it with `ray.remote`. May assume each rank has at most one shard in flight at a time."""
 
     def __init__(self, *, writer_id: str, storage: CheckpointStorage, config: CheckpointConfig,
-                 coordinator: Any, memory_budget_bytes: int | None, local_root: str | None = None) -> None:
+                 coordinator: Any, memory_budget_bytes: int | None,
+                 local_root: str | None = None) -> None:
         self.writer_id, self.storage, self.config = writer_id, storage, config
         self._coordinator, self._budget = coordinator, memory_budget_bytes
         self._cond = threading.Condition()
@@ -73,7 +80,8 @@ class CheckpointWriter:
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
         # With no periodic saves (local tier only) nothing may ever arrive: no import up front.
-        self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io", "ray_resilience._internal.checkpoint.format.dcp_metadata")
+        self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io",
+                                 "ray_resilience._internal.checkpoint.format.dcp_metadata")
                       if config.interval_steps else WarmImport())
         # Every other thread (and those started later, e.g. the pool's) at the configured level;
         # the one-time import keeps Ray's: at idle priority on a busy node it delayed a run's
@@ -116,7 +124,8 @@ class CheckpointWriter:
         nbytes = payload.nbytes
         del payload, boxed
         with self._cond:
-            for key in [k for k in self._shards if k[2] == ticket.rank and not self._shards[k].durable]:
+            for key in [k for k in self._shards
+                        if k[2] == ticket.rank and not self._shards[k].durable]:
                 del self._shards[key]  # an older unfinished try of this rank: superseded
             for key in [k for k in self._outcomes if k[2] == ticket.rank]:
                 del self._outcomes[key]
@@ -146,21 +155,27 @@ class CheckpointWriter:
             if not self.config.memory_tier:
                 shard.boxed.clear()
         report = ShardReport(
-            session=ticket.session, step=ticket.step, rank=ticket.rank, world_size=ticket.world_size,
-            writer_id=self.writer_id, files=files, written_items=written, storage_infos=infos,
+            session=ticket.session, step=ticket.step, rank=ticket.rank,
+            world_size=ticket.world_size, writer_id=self.writer_id, files=files,
+            written_items=written, storage_infos=infos,
             planner_data=ticket.planner_data, staged_at=ticket.staged_at, durable_at=time.time(),
             nbytes=shard.nbytes)
         self._coordinator.shard_durable.remote(
             ticket.session, ticket.step, ticket.rank, ticket.world_size,
             (self.writer_id, ticket.staged_at, dumps(report)))
-        self._finish(key, ShardOutcome(ticket.session, ticket.step, True, write_s=time.time() - start))
+        self._finish(key, ShardOutcome(ticket.session, ticket.step, True,
+                                       write_s=time.time() - start))
 
     def commit_step(self, session: str, step: int, reports: dict[int, bytes]) -> None:
         """Commits `step` for the coordinator: builds DCP's `.metadata` from every rank's
         `ShardReport` (pickled: they hold DCP types, which this process has imported and the
         coordinator does not), then writes it and the commit manifest (`commit.commit_step`),
         retried like shard writes. Raises when the step could not be committed."""
-        from ray_resilience._internal.checkpoint.format.dcp_metadata import build_metadata, dumps_metadata  # noqa: PLC0415
+        # DCP: imported by the WarmImport thread, never at this module's import.
+        from ray_resilience._internal.checkpoint.format.dcp_metadata import (  # noqa: PLC0415 - see above
+            build_metadata,
+            dumps_metadata,
+        )
 
         ordered: list[ShardReport] = [self._warm.loads(reports[r]) for r in sorted(reports)]
         step_dir = layout.StepDir(step, session)
@@ -177,7 +192,8 @@ class CheckpointWriter:
         """`fn()` retried on storage errors as configured; every retry counted in `stats`."""
         return retrying(fn, what=what, num_retries=self.config.num_storage_retries,
                         backoff_s=self.config.storage_retry_backoff_s,
-                        max_backoff_s=self.config.storage_retry_max_backoff_s, on_retry=self._on_retry)
+                        max_backoff_s=self.config.storage_retry_max_backoff_s,
+                        on_retry=self._on_retry)
 
     def _on_retry(self, err: CheckpointStorageError, delay_s: float) -> None:
         self._counts["retries"] += 1
@@ -216,7 +232,8 @@ class CheckpointWriter:
             if seq < self._commit_seq:
                 return  # a newer commit was applied first
             self._commit_seq = seq
-            for held in (self._memory, self._replicas):  # first, so the budget counts only what stays
+            # First, so the budget counts only what stays.
+            for held in (self._memory, self._replicas):
                 for rank, entry in list(held.items()):
                     if (entry.session, entry.step) != (session, step):
                         del held[rank]
@@ -230,7 +247,8 @@ class CheckpointWriter:
                     del self._shards[key]
         for rank, entry in promoted:
             for holder in (replica_holders or {}).get(rank, ()):
-                holder.hold_replica.remote(rank, session, step, seq, dumps(entry.items), entry.boxed)
+                holder.hold_replica.remote(rank, session, step, seq, dumps(entry.items),
+                                           entry.boxed)
                 self._counts["replicas_sent"] += 1
 
     def _promote(self, shard: _Shard) -> MemoryEntry | None:

@@ -16,10 +16,10 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_resilience.checkpoint.config import CheckpointConfig
-from ray_resilience.checkpoint.errors import CheckpointError
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.service.writer import CheckpointWriter
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 WRITER_MAX_CONCURRENCY = 64
@@ -54,11 +54,12 @@ class WriterPool:
             node_id=node_id, index=index, local_root=self._local_root)
         try:
             ray.get(handle.ping.remote(), timeout=WRITER_START_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - reported with the node it was meant for
+        except Exception as exc:
             ray.kill(handle)
-            raise CheckpointError(f"checkpoint writer for node {node_id} did not start within "
-                                  f"{WRITER_START_TIMEOUT_S:.0f} s ({type(exc).__name__}: {exc}); the "
-                                  "node may be gone or out of memory") from exc
+            raise CheckpointError(
+                f"checkpoint writer for node {node_id} did not start within "
+                f"{WRITER_START_TIMEOUT_S:.0f} s ({type(exc).__name__}: {exc}); the node may be "
+                "gone or out of memory") from exc
         return _Slot(node_id, index, writer_id, handle)
 
     def _alive(self, slots: list[_Slot]) -> set[str]:
@@ -73,8 +74,10 @@ class WriterPool:
                 pass
         return alive
 
-    def ensure(self, node_ids_by_rank: list[str],
-               launched: dict[tuple[str, int], tuple[str, Any]] | None = None) -> list[tuple[Any, str]]:
+    def ensure(
+        self, node_ids_by_rank: list[str],
+        launched: dict[tuple[str, int], tuple[str, Any]] | None = None,
+    ) -> list[tuple[Any, str]]:
         """(writer handle, writer id) for each rank; starts missing writers (adopting those in
         `launched`, keyed by (node, index)), replaces dead ones."""
         launched = dict(launched or {})
@@ -86,7 +89,8 @@ class WriterPool:
                     slot = self._slots.get((node_id, index))
                     if slot is None or slot.writer_id not in alive:
                         if slot is not None:
-                            logger.warning("checkpoint writer %s is dead; replacing it", slot.writer_id)
+                            logger.warning("checkpoint writer %s is dead; replacing it",
+                                           slot.writer_id)
                         self._slots[(node_id, index)] = self._start(
                             node_id, index, launched.pop((node_id, index), None))
             for _, handle in launched.values():  # launched for nodes no rank uses
@@ -160,7 +164,8 @@ class WriterPool:
         for slot, ref in zip(slots, refs, strict=True):
             try:
                 out.append({"node_id": slot.node_id, **ray.get(ref, timeout=0)} if ref in ready
-                           else {"node_id": slot.node_id, "writer_id": slot.writer_id, "status": "no answer"})
+                           else {"node_id": slot.node_id, "writer_id": slot.writer_id,
+                                 "status": "no answer"})
             except Exception as exc:  # noqa: BLE001 - a dead writer shows up as such
                 out.append({"node_id": slot.node_id, "writer_id": slot.writer_id,
                             "status": f"dead ({type(exc).__name__})"})
@@ -184,8 +189,9 @@ def launch_writer(*, storage: CheckpointStorage, config: CheckpointConfig, coord
     actor = ray.remote(CheckpointWriter).options(
         num_cpus=0, max_concurrency=WRITER_MAX_CONCURRENCY, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-    handle = actor.remote(writer_id=writer_id, storage=storage, config=config, coordinator=coordinator,
-                          memory_budget_bytes=None if budget is None else budget // config.writers_per_node,
+    per_writer = None if budget is None else budget // config.writers_per_node
+    handle = actor.remote(writer_id=writer_id, storage=storage, config=config,
+                          coordinator=coordinator, memory_budget_bytes=per_writer,
                           local_root=local_root)
     return writer_id, handle
 
