@@ -16,9 +16,9 @@ from ray_resilience._internal.checkpoint.format.commit import read_manifest
 from ray_resilience._internal.checkpoint.format.shard_io import read_verified
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience.checkpoint import StoragePermissionError
-from tests.ray.test_checkpoint_ray import start_service, step_folder, wait_committed
 from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
-from tests.unit.test_checkpoint_commit import tmpfs
+from tests.support.checkpoint_service import start_service, step_folder, wait_committed
+from tests.support.tmpfs import tmpfs
 
 pytestmark = pytest.mark.timeout(300)
 MARKER = "/tmp/rr-checkpoint-exploit-ran"

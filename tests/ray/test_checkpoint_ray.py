@@ -21,45 +21,14 @@ from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra
 from ray_resilience._internal.checkpoint.format.local_roots import node_root
 from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, state_dict_of
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
-from ray_resilience._internal.checkpoint.service.service import CheckpointService
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
 from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket
-from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.examples.llama import build_model
 from tests.support.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
+from tests.support.checkpoint_service import assert_same, start_service, step_folder, wait_committed
 from tests.support.procfs import SCHED_BATCH, SCHED_IDLE, SCHED_OTHER, thread_policies
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def start_service(storage_path: str, world_size: int, run: str = "run",
-                  **config) -> CheckpointService:
-    """A service for the harness ranks. The local tier is off unless asked for: these tests are
-    about committed checkpoints, which a newer local snapshot would otherwise shadow on load."""
-    config.setdefault("local_interval_steps", 0)
-    node = ray.get_runtime_context().get_node_id()
-    return CheckpointService.start(
-        storage_path=storage_path, run_name=run, storage_filesystem=None, world_size=world_size,
-        node_ids_by_rank=[node] * world_size, config=CheckpointConfig(**config))
-
-
-def wait_committed(service: CheckpointService, step: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while service.latest_committed_step() != step:
-        assert time.monotonic() < deadline, f"step {step} not committed: {service.stats()}"
-        time.sleep(0.1)
-
-
-def assert_same(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
-    assert expected.keys() == got.keys()
-    different = [k for k in expected if not torch.equal(expected[k], got[k])]
-    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
-
-
-def step_folder(root: str, run: str, step: int) -> str:
-    folder = os.path.join(root, run, "checkpoints")
-    (name,) = [n for n in os.listdir(folder) if n.startswith(f"step_{step:012d}_")]
-    return os.path.join(folder, name)
 
 
 @pytest.fixture

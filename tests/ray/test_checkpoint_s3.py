@@ -10,8 +10,8 @@ import ray
 
 from ray_resilience._internal.checkpoint.service.service import CheckpointService
 from ray_resilience.checkpoint import CheckpointConfig, StoragePermissionError
-from tests.ray.test_checkpoint_ray import assert_same, wait_committed
 from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
+from tests.support.checkpoint_service import assert_same, wait_committed
 
 pytestmark = pytest.mark.timeout(400)
 OUTAGE_CONFIG = dict(num_storage_retries=1000, storage_retry_backoff_s=0.2,

@@ -12,8 +12,8 @@ import time
 import pytest
 import ray
 
-from tests.ray.test_checkpoint_ray import assert_same, start_service, wait_committed
 from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
+from tests.support.checkpoint_service import assert_same, start_service, wait_committed
 
 pytestmark = pytest.mark.timeout(300)
 DELAY_S = 0.6

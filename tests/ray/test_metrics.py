@@ -9,7 +9,7 @@ from ray_resilience._internal.supervisor.metrics import (
     prometheus_names,
 )
 from ray_resilience.goodput import compute_goodput
-from tests.unit.test_goodput import rollback_run
+from tests.support.timelines import rollback_run
 
 
 def exercise(run_metrics: RunMetrics) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import tempfile
 import threading
 
 import pytest
@@ -28,6 +25,7 @@ from ray_resilience.checkpoint.errors import (
     StorageUnavailableError,
     UnsafeCheckpointError,
 )
+from tests.support.tmpfs import tmpfs
 
 pytestmark = pytest.mark.timeout(60)
 OLD, NEW = "00000000000000aa", "00000000000000bb"
@@ -125,23 +123,6 @@ def test_retrying_retries_transient_errors_only():
     with pytest.raises(StoragePermissionError):
         retrying(denied, what="t", num_retries=5, backoff_s=0.01)
     assert len(calls) == 1
-
-
-@contextlib.contextmanager
-def tmpfs(size: str, *, read_only: bool = False):
-    """A real small file system (needs mount rights; skipped otherwise)."""
-    path = tempfile.mkdtemp(prefix="rr-tmpfs-")
-    options = f"size={size}" + (",ro" if read_only else "")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path],
-                          capture_output=True)
-    if done.returncode != 0:
-        os.rmdir(path)
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", path], check=False)
-        os.rmdir(path)
 
 
 def test_disk_full_names_the_path_and_keeps_the_committed_step():

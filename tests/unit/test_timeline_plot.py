@@ -6,7 +6,7 @@ import pytest
 
 from ray_resilience.goodput import compute_goodput
 from ray_resilience.goodput.plot import plot_comparison, plot_timeline
-from tests.unit.test_goodput import rollback_run, steady_run
+from tests.support.timelines import rollback_run, steady_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
