@@ -1,7 +1,8 @@
-"""Timing knobs and names in one place (FOO_ENV_VAR / DEFAULT_FOO pairs).
+"""Timing knobs and names in one place (`FOO_ENV_VAR` / `DEFAULT_FOO` pairs).
 
-The driver forwards these environment variables to the supervisor and workers, so tests can
-shrink them without touching configs.
+Code reads a knob with `env_float(FOO_ENV_VAR, DEFAULT_FOO)` where it uses it. The driver
+forwards every `*_ENV_VAR` set in its environment to the supervisor, which passes them to the
+ranks and the checkpoint actors, so tests can shrink a timing without touching configs.
 """
 
 from __future__ import annotations
@@ -16,17 +17,98 @@ WORKER_MAX_CONCURRENCY = 8
 
 SUPERVISOR_MAX_CONCURRENCY = 32
 
+ALLOW_PENDING_RESOURCES_ENV_VAR = "RAY_RESILIENCE_ALLOW_PENDING_RESOURCES"
+"""Set to 1 on autoscaling clusters: skip the fail-fast check that the cluster can host the run."""
+
+# --- supervisor and worker group ---------------------------------------------------------------
+
 SHUTDOWN_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_SHUTDOWN_TIMEOUT_S"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 """How long teardown waits for workers to destroy their process groups before killing them."""
 
-ALLOW_PENDING_RESOURCES_ENV_VAR = "RAY_RESILIENCE_ALLOW_PENDING_RESOURCES"
-"""Set to 1 on autoscaling clusters: skip the fail-fast check that the cluster can host the run."""
-
-SLOW_WAIT_WARNING_S = 10.0
+SLOW_WAIT_WARNING_ENV_VAR = "RAY_RESILIENCE_SLOW_WAIT_WARNING_S"
+DEFAULT_SLOW_WAIT_WARNING_S = 10.0
 """Every wait logs who it is still waiting for at this period."""
 
-FORWARDED_ENV_VARS = (SHUTDOWN_TIMEOUT_ENV_VAR, ALLOW_PENDING_RESOURCES_ENV_VAR)
+ERROR_GRACE_ENV_VAR = "RAY_RESILIENCE_ERROR_GRACE_S"
+DEFAULT_ERROR_GRACE_S = 0.05
+"""After a first rank error, how long detection waits for the other ranks' errors to group."""
+
+HEALTH_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_HEALTH_TIMEOUT_S"
+DEFAULT_HEALTH_TIMEOUT_S = 10.0
+"""How long a repair waits for the surviving ranks' health checks."""
+
+SPARE_REPLENISH_MAX_DELAY_ENV_VAR = "RAY_RESILIENCE_SPARE_REPLENISH_MAX_DELAY_S"
+DEFAULT_SPARE_REPLENISH_MAX_DELAY_S = 10.0
+"""A used spare is replaced after the recovery's first step, or at the latest after this."""
+
+PRESTART_KEEP_ALIVE_ENV_VAR = "RAY_RESILIENCE_PRESTART_KEEP_ALIVE_S"
+DEFAULT_PRESTART_KEEP_ALIVE_S = 24 * 3600.0
+"""How long the raylet keeps a prestarted worker idle before it may reclaim it."""
+
+PRESTART_RPC_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_PRESTART_RPC_TIMEOUT_S"
+DEFAULT_PRESTART_RPC_TIMEOUT_S = 5.0
+"""Timeout of one PrestartWorkers call to a raylet."""
+
+# --- rank ------------------------------------------------------------------------------------
+
+PG_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_PG_TIMEOUT_S"
+DEFAULT_PG_TIMEOUT_S = 600.0
+"""Timeout of the process groups the ranks create (a backstop: aborts end blocked calls)."""
+
+FINAL_SAVE_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_FINAL_SAVE_TIMEOUT_S"
+DEFAULT_FINAL_SAVE_TIMEOUT_S = 600.0
+"""How long a rank whose train function returned waits for its last save to be durable."""
+
+STORE_PROBE_INTERVAL_ENV_VAR = "RAY_RESILIENCE_STORE_PROBE_INTERVAL_S"
+DEFAULT_STORE_PROBE_INTERVAL_S = 0.005
+"""How often a peer checks whether rank 0's store listens before it connects."""
+
+PREIMPORT_WATCH_INTERVAL_ENV_VAR = "RAY_RESILIENCE_PREIMPORT_WATCH_INTERVAL_S"
+DEFAULT_PREIMPORT_WATCH_INTERVAL_S = 5.0
+"""How often an unclaimed prestarted process checks whether its run has ended."""
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+CHECKPOINT_CALL_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_CHECKPOINT_CALL_TIMEOUT_S"
+DEFAULT_CHECKPOINT_CALL_TIMEOUT_S = 300.0
+"""Bound on one call to the commit coordinator; longer than a writer's start, which the
+coordinator's `ensure_writers` waits for."""
+
+WRITER_POLL_ENV_VAR = "RAY_RESILIENCE_WRITER_POLL_S"
+DEFAULT_WRITER_POLL_S = 2.0
+"""How long one call to a writer waits for a shard's outcome before the rank asks again."""
+
+VOTE_WAIT_ENV_VAR = "RAY_RESILIENCE_VOTE_WAIT_S"
+DEFAULT_VOTE_WAIT_S = 1.0
+"""How long one coordinator call waits for a round's outcome before the rank asks again."""
+
+WRITER_START_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_WRITER_START_TIMEOUT_S"
+DEFAULT_WRITER_START_TIMEOUT_S = 120.0
+"""How long the coordinator waits for a new writer actor to answer."""
+
+WRITER_PING_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_WRITER_PING_TIMEOUT_S"
+DEFAULT_WRITER_PING_TIMEOUT_S = 10.0
+"""How long a liveness or stats call to the writers may take."""
+
+REPLICA_GET_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_REPLICA_GET_TIMEOUT_S"
+DEFAULT_REPLICA_GET_TIMEOUT_S = 300.0
+"""How long a replica waits for the primary's copy of the shard (a cross-node transfer)."""
+
+STALE_LOCAL_FOLDER_ENV_VAR = "RAY_RESILIENCE_STALE_LOCAL_FOLDER_S"
+DEFAULT_STALE_LOCAL_FOLDER_S = 600.0
+"""A local-tier run folder without a `.lock` file (its writer never started) is stale after
+this long."""
+
+FORWARDED_ENV_VARS = (
+    ALLOW_PENDING_RESOURCES_ENV_VAR, SHUTDOWN_TIMEOUT_ENV_VAR, SLOW_WAIT_WARNING_ENV_VAR,
+    ERROR_GRACE_ENV_VAR, HEALTH_TIMEOUT_ENV_VAR, SPARE_REPLENISH_MAX_DELAY_ENV_VAR,
+    PRESTART_KEEP_ALIVE_ENV_VAR, PRESTART_RPC_TIMEOUT_ENV_VAR, PG_TIMEOUT_ENV_VAR,
+    FINAL_SAVE_TIMEOUT_ENV_VAR, STORE_PROBE_INTERVAL_ENV_VAR, PREIMPORT_WATCH_INTERVAL_ENV_VAR,
+    CHECKPOINT_CALL_TIMEOUT_ENV_VAR, WRITER_POLL_ENV_VAR, VOTE_WAIT_ENV_VAR,
+    WRITER_START_TIMEOUT_ENV_VAR, WRITER_PING_TIMEOUT_ENV_VAR, REPLICA_GET_TIMEOUT_ENV_VAR,
+    STALE_LOCAL_FOLDER_ENV_VAR,
+)
 
 
 def env_float(name: str, default: float) -> float:
@@ -37,6 +119,10 @@ def env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} must be a number") from None
+
+
+def checkpoint_call_timeout_s() -> float:
+    return env_float(CHECKPOINT_CALL_TIMEOUT_ENV_VAR, DEFAULT_CHECKPOINT_CALL_TIMEOUT_S)
 
 
 def forwarded_env() -> dict[str, str]:

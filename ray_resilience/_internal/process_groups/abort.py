@@ -40,18 +40,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from ray_resilience._internal.constants import env_float
+from ray_resilience._internal.constants import DEFAULT_PG_TIMEOUT_S, PG_TIMEOUT_ENV_VAR, env_float
 from ray_resilience._internal.process_groups import gloo_sockets as sockets
 
 logger = logging.getLogger(__name__)
 
-PG_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_PG_TIMEOUT_S"
-DEFAULT_PG_TIMEOUT_S = 600.0
-"""Process-group timeout: only the backstop, for when abort cannot reach a rank (a native hang,
-the supervisor gone, the socket mechanism broken by an upgrade). Must exceed the longest
-legitimate wait inside a collective (peers loading a checkpoint or compiling the first step) and
-the supervisor's hard hang timeout, so the supervisor acts first; far below torch's 30-minute
-gloo default, which is what leaves plain Ray Train hung for half an hour."""
 
 
 def pg_timeout() -> datetime.timedelta:

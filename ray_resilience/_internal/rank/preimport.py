@@ -47,6 +47,12 @@ import threading
 import time
 from typing import Any
 
+from ray_resilience._internal.constants import (
+    DEFAULT_PREIMPORT_WATCH_INTERVAL_S,
+    PREIMPORT_WATCH_INTERVAL_ENV_VAR,
+    env_float,
+)
+
 log = logging.getLogger(__name__)
 
 try:
@@ -76,9 +82,6 @@ PREIMPORT_MODULES = (
 _NORMAL_PRIORITY_MODULES = ("numpy", "pyarrow")
 """Imported on the calling thread: they start helper threads, which inherit the importing
 thread's scheduling policy."""
-
-WATCH_INTERVAL_S = 5.0
-"""How often an unclaimed prestarted process checks whether its run has ended."""
 
 _thread: threading.Thread | None = None
 _claimed = threading.Event()
@@ -133,7 +136,8 @@ def _exit_when_run_ends(key: str) -> None:
     many times: once the supervisor has switched the run's key off, it exits."""
     from ray.experimental.internal_kv import _internal_kv_get  # noqa: PLC0415 - Ray-private: may not fail the hook
 
-    while not _claimed.wait(WATCH_INTERVAL_S):
+    interval_s = env_float(PREIMPORT_WATCH_INTERVAL_ENV_VAR, DEFAULT_PREIMPORT_WATCH_INTERVAL_S)
+    while not _claimed.wait(interval_s):
         try:
             ended = _internal_kv_get(key, namespace=KV_NAMESPACE) is None
         except Exception:  # noqa: BLE001 - GCS unreachable for now: ask again later

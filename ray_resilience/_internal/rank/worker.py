@@ -29,6 +29,13 @@ import ray_resilience._internal.checkpoint.service.service  # noqa: F401 - see a
 from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec
 from ray_resilience._internal.checkpoint.rank.loader import warm_restore_path
 from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
+from ray_resilience._internal.constants import (
+    DEFAULT_FINAL_SAVE_TIMEOUT_S,
+    DEFAULT_STORE_PROBE_INTERVAL_S,
+    FINAL_SAVE_TIMEOUT_ENV_VAR,
+    STORE_PROBE_INTERVAL_ENV_VAR,
+    env_float,
+)
 from ray_resilience._internal.process_groups.abort import CollectiveAborter
 from ray_resilience._internal.process_groups.teardown import (
     freeze_startup_objects,
@@ -44,12 +51,6 @@ from ray_resilience._internal.rank.progress import ProgressForwarder
 from ray_resilience.context import TrainContext, _Session, _set_session
 from ray_resilience.testing.fire import fire
 
-FINAL_SAVE_TIMEOUT_S = 600.0
-"""How long a rank whose train function returned waits for its last save to be durable."""
-
-
-STORE_PROBE_INTERVAL_S = 0.005
-
 
 def _wait_listening(host: str, port: int, timeout_s: float) -> None:
     """Returns once rank 0's store accepts connections (or at the timeout; the store then
@@ -57,6 +58,7 @@ def _wait_listening(host: str, port: int, timeout_s: float) -> None:
     (measured here, torch 2.13): without this, every restart in which a peer reached the
     rendezvous before rank 0 paid that."""
     deadline = time.monotonic() + timeout_s
+    interval_s = env_float(STORE_PROBE_INTERVAL_ENV_VAR, DEFAULT_STORE_PROBE_INTERVAL_S)
     while True:
         try:
             socket.create_connection((host, port), timeout=1.0).close()
@@ -64,7 +66,7 @@ def _wait_listening(host: str, port: int, timeout_s: float) -> None:
         except OSError:
             if time.monotonic() >= deadline:
                 return
-            time.sleep(STORE_PROBE_INTERVAL_S)
+            time.sleep(interval_s)
 
 
 def _serialized_runtime_env() -> str | None:
@@ -238,7 +240,8 @@ class Worker:
                 returned = self._call_user_fn()
                 box["return"] = None if returned is None else cloudpickle.dumps(returned)
                 if self._checkpointer is not None:  # the run's last save must commit too
-                    self._checkpointer.wait_idle(FINAL_SAVE_TIMEOUT_S)
+                    self._checkpointer.wait_idle(
+                        env_float(FINAL_SAVE_TIMEOUT_ENV_VAR, DEFAULT_FINAL_SAVE_TIMEOUT_S))
             finally:
                 self._close_interrupt_window()
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost

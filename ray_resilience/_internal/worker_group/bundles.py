@@ -17,7 +17,11 @@ from typing import Any
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S
+from ray_resilience._internal.constants import (
+    DEFAULT_SLOW_WAIT_WARNING_S,
+    SLOW_WAIT_WARNING_ENV_VAR,
+    env_float,
+)
 from ray_resilience.config import ScalingConfig
 from ray_resilience.errors import InsufficientResourcesError
 
@@ -86,7 +90,8 @@ class Bundles:
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            ready, _ = ray.wait([pg.ready()], timeout=max(0.01, min(SLOW_WAIT_WARNING_S, left)))
+            warn_s = env_float(SLOW_WAIT_WARNING_ENV_VAR, DEFAULT_SLOW_WAIT_WARNING_S)
+            ready, _ = ray.wait([pg.ready()], timeout=max(0.01, min(warn_s, left)))
             if ready:
                 return True
             if time.monotonic() >= deadline:

@@ -11,7 +11,12 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
+from ray_resilience._internal.constants import (
+    DEFAULT_SLOW_WAIT_WARNING_S,
+    SLOW_WAIT_WARNING_ENV_VAR,
+    WORKER_MAX_CONCURRENCY,
+    env_float,
+)
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
@@ -223,7 +228,8 @@ class WorkerGroup:
         deadline = time.monotonic() + timeout_s
         while refs and time.monotonic() < deadline:
             ready, _ = ray.wait(list(refs), num_returns=len(refs),
-                                timeout=min(SLOW_WAIT_WARNING_S,
+                                timeout=min(env_float(SLOW_WAIT_WARNING_ENV_VAR,
+                                                      DEFAULT_SLOW_WAIT_WARNING_S),
                                             max(deadline - time.monotonic(), 0.01)))
             for ref in ready:
                 rank = refs.pop(ref)

@@ -23,11 +23,16 @@ from collections.abc import Iterable, Mapping
 
 import ray
 
+from ray_resilience._internal.constants import (
+    DEFAULT_PRESTART_KEEP_ALIVE_S,
+    DEFAULT_PRESTART_RPC_TIMEOUT_S,
+    PRESTART_KEEP_ALIVE_ENV_VAR,
+    PRESTART_RPC_TIMEOUT_ENV_VAR,
+    env_float,
+)
+
 log = logging.getLogger(__name__)
 
-KEEP_ALIVE_S = 24 * 3600
-"""How long the raylet keeps a prestarted worker idle before it may reclaim it."""
-RPC_TIMEOUT_S = 5.0
 
 
 class WorkerPrestarter:
@@ -78,6 +83,8 @@ class WorkerPrestarter:
         job_id = ray.get_runtime_context().get_job_id()
         raylets = {n["NodeID"]: f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}"
                    for n in ray.nodes() if n.get("Alive")}
+        keep_alive_s = int(env_float(PRESTART_KEEP_ALIVE_ENV_VAR, DEFAULT_PRESTART_KEEP_ALIVE_S))
+        rpc_timeout_s = env_float(PRESTART_RPC_TIMEOUT_ENV_VAR, DEFAULT_PRESTART_RPC_TIMEOUT_S)
         for node, count in wanted.items():
             if node not in raylets:
                 continue  # gone: its bundles are being placed elsewhere
@@ -87,7 +94,7 @@ class WorkerPrestarter:
                     node_manager_pb2.PrestartWorkersRequest(
                         language=common_pb2.PYTHON, job_id=bytes.fromhex(job_id),
                         runtime_env_info=env_info,
-                        keep_alive_duration_secs=KEEP_ALIVE_S, num_workers=count),
-                    timeout=RPC_TIMEOUT_S)
+                        keep_alive_duration_secs=keep_alive_s, num_workers=count),
+                    timeout=rpc_timeout_s)
             finally:
                 channel.close()

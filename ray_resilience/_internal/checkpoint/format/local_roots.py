@@ -17,12 +17,16 @@ import time
 
 import ray
 
+from ray_resilience._internal.constants import (
+    DEFAULT_STALE_LOCAL_FOLDER_S,
+    STALE_LOCAL_FOLDER_ENV_VAR,
+    env_float,
+)
+
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 SUBDIR = "ray_resilience"
-STALE_UNLOCKED_S = 600.0
-"""A run folder without a `.lock` file (its writer never started) is stale after this long."""
 
 
 def run_root(local_dir: str, run_name: str, token: str) -> str:
@@ -66,6 +70,7 @@ class RootLock:
 def remove_stale_roots(parent: str, *, keep: str | None = None) -> list[str]:
     """Removes run folders under `parent` that no live writer holds; returns them."""
     removed = []
+    stale_s = env_float(STALE_LOCAL_FOLDER_ENV_VAR, DEFAULT_STALE_LOCAL_FOLDER_S)
     try:
         names = os.listdir(parent)
     except OSError:
@@ -79,7 +84,7 @@ def remove_stale_roots(parent: str, *, keep: str | None = None) -> list[str]:
             fd = os.open(lock, os.O_RDWR)
         except FileNotFoundError:
             try:
-                if time.time() - os.stat(path).st_mtime > STALE_UNLOCKED_S:
+                if time.time() - os.stat(path).st_mtime > stale_s:
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(path)
             except OSError:

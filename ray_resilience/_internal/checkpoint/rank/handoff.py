@@ -35,14 +35,26 @@ from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
 from ray_resilience._internal.checkpoint.service.rounds import RoundResult
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
 from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket, ShardOutcome
+from ray_resilience._internal.constants import (
+    DEFAULT_VOTE_WAIT_S,
+    DEFAULT_WRITER_POLL_S,
+    VOTE_WAIT_ENV_VAR,
+    WRITER_POLL_ENV_VAR,
+    checkpoint_call_timeout_s,
+    env_float,
+)
 from ray_resilience._internal.priority import defer_wakeups
 from ray_resilience.checkpoint.config import CheckpointConfig
 
 logger = logging.getLogger(__name__)
-_POLL_S = 2.0
-VOTE_WAIT_S = 1.0
-"""How long one coordinator call waits for a round's outcome before the rank asks again."""
-CALL_TIMEOUT_S = 120.0
+
+
+def _writer_poll_s() -> float:
+    return env_float(WRITER_POLL_ENV_VAR, DEFAULT_WRITER_POLL_S)
+
+
+def _vote_wait_s() -> float:
+    return env_float(VOTE_WAIT_ENV_VAR, DEFAULT_VOTE_WAIT_S)
 
 
 @dataclasses.dataclass(eq=False)
@@ -191,7 +203,7 @@ class HandoffPipeline:
             self._handed_cond.notify_all()
         self.copier.close()
         for thread in self._threads:
-            thread.join(timeout=_POLL_S + VOTE_WAIT_S + 5.0)
+            thread.join(timeout=_writer_poll_s() + _vote_wait_s() + 5.0)
 
     # --- copier callback (holds the condition) -----------------------------------------------
 
@@ -265,8 +277,8 @@ class HandoffPipeline:
         try:
             result = ray.get(coordinator.vote.remote(rnd.session, rnd.step, self.rank, ready,
                                                      rnd.plan_id, keys,
-                                                     VOTE_WAIT_S if ready else 0.0),
-                             timeout=CALL_TIMEOUT_S)
+                                                     _vote_wait_s() if ready else 0.0),
+                             timeout=checkpoint_call_timeout_s())
             if keys is not None:
                 with self.cond:
                     self._sent_plans.add(rnd.plan_id)
@@ -284,13 +296,13 @@ class HandoffPipeline:
                     return RoundResult(False, why)
                 if now > next_warning:
                     missing = ray.get(coordinator.round_waiting_for.remote(rnd.session, rnd.step),
-                                      timeout=CALL_TIMEOUT_S)
+                                      timeout=checkpoint_call_timeout_s())
                     logger.warning("rank %d: checkpoint step %d waits for ranks %s to be ready",
                                    self.rank, rnd.step, missing)
                     next_warning = now + self.config.warn_interval_s
                 result = ray.get(coordinator.poll_round.remote(rnd.session, rnd.step, self.rank,
-                                                               VOTE_WAIT_S),
-                                 timeout=CALL_TIMEOUT_S)
+                                                               _vote_wait_s()),
+                                 timeout=checkpoint_call_timeout_s())
             return result
         except Exception as exc:  # noqa: BLE001 - this save is lost; training goes on
             logger.warning("rank %d: checkpoint step %d: commit coordinator unreachable (%s)",
@@ -366,8 +378,9 @@ class HandoffPipeline:
         next_warning = time.monotonic() + self.config.warn_interval_s
         try:
             while True:
-                outcome = ray.get(self.link.handle.wait.remote(ticket.key, _POLL_S),
-                                  timeout=_POLL_S + 60)
+                poll_s = _writer_poll_s()
+                outcome = ray.get(self.link.handle.wait.remote(ticket.key, poll_s),
+                                  timeout=poll_s + 60)
                 if outcome is not None:
                     return outcome
                 now = time.monotonic()

@@ -42,11 +42,11 @@ from ray_resilience._internal.checkpoint.rank.snapshot import (
 )
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.wire import is_tensor_item, item_nbytes, layout_key
+from ray_resilience._internal.constants import checkpoint_call_timeout_s
 from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointLoadError
 from ray_resilience.checkpoint.loaded import LoadedCheckpoint
 
 logger = logging.getLogger(__name__)
-CALL_TIMEOUT_S = 120.0
 
 
 @dataclasses.dataclass
@@ -67,7 +67,7 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
     local snapshot exists); raises CheckpointLoadError when steps are committed but none loads
     on every rank."""
     committed, holders = ray.get(target.coordinator.load_info.remote(target.rank),
-                                 timeout=CALL_TIMEOUT_S)
+                                 timeout=checkpoint_call_timeout_s())
     offer, own = _local_offer(target)
     gathered = agreement.gather(([d.name for d in committed], offer))
     names = gathered[0][0]
@@ -168,7 +168,7 @@ def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
                  state: dict) -> dict | None:
     try:
         entry = ray.get(holder.memory_entry.remote(target.rank, step_dir.session, step_dir.step),
-                        timeout=CALL_TIMEOUT_S)
+                        timeout=checkpoint_call_timeout_s())
         if entry is None:
             return None
         extra = _load_snapshot(target.model, target.optimizer, state, entry.items, entry.boxed[0],
@@ -191,7 +191,7 @@ def _load_snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer | No
     own, _ = capture(model, optimizer).build_items()
     if layout_key(own) != layout_key(items):
         return None
-    payload = ray.get(payload_ref, timeout=CALL_TIMEOUT_S)
+    payload = ray.get(payload_ref, timeout=checkpoint_call_timeout_s())
     _dcp_load(state, MemoryShardReader(items, payload, where=where))
     return decode_extra(payload.extra, path=where)
 

@@ -27,7 +27,7 @@ from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots
 from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, SlotState
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
-from ray_resilience._internal.constants import env_float
+from ray_resilience._internal.constants import checkpoint_call_timeout_s, env_float
 from ray_resilience.checkpoint.loaded import LoadedCheckpoint
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,8 @@ class RankCheckpointer:
     def _register_session(self, session: str) -> None:
         import ray  # noqa: PLC0415 - only rank 0 talks to the coordinator here
 
-        ray.get(self.spec.coordinator.begin_session.remote(session, self.world_size), timeout=120)
+        ray.get(self.spec.coordinator.begin_session.remote(session, self.world_size),
+                timeout=checkpoint_call_timeout_s())
 
     # --- lifecycle --------------------------------------------------------------------------
 

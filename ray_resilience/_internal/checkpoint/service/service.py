@@ -21,10 +21,10 @@ from ray_resilience._internal.checkpoint.service.writer_pool import (
     with_suppressed_kill,
 )
 from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
+from ray_resilience._internal.constants import checkpoint_call_timeout_s
 from ray_resilience.checkpoint.config import CheckpointConfig
 
 COORDINATOR_MAX_CONCURRENCY = 64
-CALL_TIMEOUT_S = 300.0
 
 
 class CheckpointService:
@@ -67,7 +67,7 @@ class CheckpointService:
                     for index in range(config.writers_per_node)}
         try:
             writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank), launched),
-                              timeout=CALL_TIMEOUT_S)
+                              timeout=checkpoint_call_timeout_s())
         except BaseException:
             ray.kill(coordinator)
             for _, handle in launched.values():
@@ -86,23 +86,25 @@ class CheckpointService:
     def ensure_writers(self, node_ids_by_rank: list[str]) -> list[RankCheckpointSpec]:
         """After a respawn (or a shrink): replaces dead writers, serves new nodes; fresh specs."""
         self._writers = ray.get(self._coordinator.ensure_writers.remote(list(node_ids_by_rank)),
-                                timeout=CALL_TIMEOUT_S)
+                                timeout=checkpoint_call_timeout_s())
         return [self.rank_spec(rank) for rank in range(len(self._writers))]
 
-    def wait_ready(self, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def wait_ready(self, timeout_s: float | None = None) -> None:
         """Waits until the coordinator and every writer finished importing DCP in the background
         (a few CPU-seconds each, done while the ranks start). Optional: saves made earlier are
         queued, not lost. Benchmarks call it so that start-up CPU is not counted against saves."""
         handles = [self._coordinator, *{wid: w for w, wid in self._writers}.values()]
-        ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
+        ray.get([h.ready.remote() for h in handles],
+                timeout=checkpoint_call_timeout_s() if timeout_s is None else timeout_s)
 
     def latest_committed_step(self) -> int | None:
-        return ray.get(self._coordinator.latest_committed_step.remote(), timeout=CALL_TIMEOUT_S)
+        return ray.get(self._coordinator.latest_committed_step.remote(),
+                       timeout=checkpoint_call_timeout_s())
 
     def stats(self) -> dict[str, Any]:
         """Committed and pending steps, commit latencies, and per writer: memory used (memory
         tier, replicas and in-flight bytes), shards received/durable/failed, retries, last error."""
-        stats = ray.get(self._coordinator.stats.remote(), timeout=CALL_TIMEOUT_S)
+        stats = ray.get(self._coordinator.stats.remote(), timeout=checkpoint_call_timeout_s())
         stats["memory_bytes"] = sum(w.get("memory_tier_bytes", 0) + w.get("replica_bytes", 0)
                                     + w.get("in_flight_bytes", 0) for w in stats["writers"])
         stats["run_checkpoints_dir"] = self.storage.display()

@@ -33,6 +33,11 @@ from ray_resilience._internal.checkpoint.wire import (
     ShardOutcome,
     ShardReport,
 )
+from ray_resilience._internal.constants import (
+    DEFAULT_REPLICA_GET_TIMEOUT_S,
+    REPLICA_GET_TIMEOUT_ENV_VAR,
+    env_float,
+)
 from ray_resilience._internal.priority import lower_process
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
@@ -41,8 +46,6 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, int, int]  # (session, step, rank)
 MAX_PLANS = 256
 """Save plans a writer keeps (a plan changes only when a rank's state changes structure)."""
-REPLICA_GET_TIMEOUT_S = 300.0
-"""How long a replica waits for the primary's copy of the shard (a cross-node transfer)."""
 
 
 @dataclasses.dataclass
@@ -280,7 +283,8 @@ class CheckpointWriter:
         or the sender is gone."""
         try:
             entry_items = self._warm.loads(items)
-            payload = ray.get(boxed[0], timeout=REPLICA_GET_TIMEOUT_S)
+            payload = ray.get(boxed[0], timeout=env_float(REPLICA_GET_TIMEOUT_ENV_VAR,
+                                                          DEFAULT_REPLICA_GET_TIMEOUT_S))
             own = ray.put(payload)
             nbytes = payload.nbytes
             del payload, boxed

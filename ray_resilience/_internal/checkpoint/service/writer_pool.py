@@ -18,13 +18,22 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.service.writer import CheckpointWriter
+from ray_resilience._internal.constants import (
+    DEFAULT_WRITER_PING_TIMEOUT_S,
+    DEFAULT_WRITER_START_TIMEOUT_S,
+    WRITER_PING_TIMEOUT_ENV_VAR,
+    WRITER_START_TIMEOUT_ENV_VAR,
+    env_float,
+)
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 WRITER_MAX_CONCURRENCY = 64
-WRITER_START_TIMEOUT_S = 120.0
-PING_TIMEOUT_S = 10.0
+
+
+def _ping_timeout_s() -> float:
+    return env_float(WRITER_PING_TIMEOUT_ENV_VAR, DEFAULT_WRITER_PING_TIMEOUT_S)
 
 
 @dataclasses.dataclass
@@ -52,19 +61,20 @@ class WriterPool:
         writer_id, handle = launched or launch_writer(
             storage=self._storage, config=self._config, coordinator=self._coordinator,
             node_id=node_id, index=index, local_root=self._local_root)
+        start_timeout_s = env_float(WRITER_START_TIMEOUT_ENV_VAR, DEFAULT_WRITER_START_TIMEOUT_S)
         try:
-            ray.get(handle.ping.remote(), timeout=WRITER_START_TIMEOUT_S)
+            ray.get(handle.ping.remote(), timeout=start_timeout_s)
         except Exception as exc:
             ray.kill(handle)
             raise CheckpointError(
                 f"checkpoint writer for node {node_id} did not start within "
-                f"{WRITER_START_TIMEOUT_S:.0f} s ({type(exc).__name__}: {exc}); the node may be "
+                f"{start_timeout_s:.0f} s ({type(exc).__name__}: {exc}); the node may be "
                 "gone or out of memory") from exc
         return _Slot(node_id, index, writer_id, handle)
 
     def _alive(self, slots: list[_Slot]) -> set[str]:
         refs = {s.handle.ping.remote(): s.writer_id for s in slots}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=PING_TIMEOUT_S)
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_ping_timeout_s())
         alive = set()
         for ref in ready:
             try:
@@ -159,7 +169,7 @@ class WriterPool:
         with self._lock:
             slots = list(self._slots.values())
         refs = [s.handle.stats.remote() for s in slots]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PING_TIMEOUT_S)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_ping_timeout_s())
         out = []
         for slot, ref in zip(slots, refs, strict=True):
             try:
@@ -175,7 +185,7 @@ class WriterPool:
         with self._lock:
             if self._local_root is not None:  # the run is over: its local snapshots go
                 refs = [slot.handle.remove_local_root.remote() for slot in self._slots.values()]
-                ray.wait(refs, num_returns=len(refs), timeout=PING_TIMEOUT_S)
+                ray.wait(refs, num_returns=len(refs), timeout=_ping_timeout_s())
             for slot in self._slots.values():
                 with_suppressed_kill(slot.handle)
             self._slots.clear()
