@@ -1,7 +1,6 @@
 """ray_resilience: fault-tolerant PyTorch FSDP training on Ray.
 
-Names are imported on first use (PEP 562): the supervisor and the commit coordinator import this
-package without importing torch; the ranks get everything.
+Names are imported on first use (PEP 562), so control-plane actors import no torch.
 """
 
 from __future__ import annotations

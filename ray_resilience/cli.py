@@ -63,8 +63,8 @@ def _show(argv: list[str]) -> int:
 
 
 def _validate_manifests(argv: list[str]) -> int:
-    """Imported here, not at the top: checking manifests needs neither torch nor ray, only the
-    `deploy` extra, and a missing one is a one-line install hint rather than a traceback."""
+    """Imported here: checking manifests needs only the `deploy` extra (no torch, no
+    ray), and a missing one gets a one-line install hint."""
     try:
         from ray_resilience.deploy import main as validate  # noqa: PLC0415 - see the docstring
     except ModuleNotFoundError as err:

@@ -1,8 +1,5 @@
-"""User-facing configs: one keyword-only dataclass per component, validated on construction.
-
-Field names follow Ray Train's `ScalingConfig` / `RunConfig` so Ray users feel at home. Every
-invalid value raises `ConfigError` (a `ValueError`) naming the field, its value and the fix,
-before any actor starts. Counts are `num_*`, durations `*_s`.
+"""User-facing configs: one keyword-only dataclass per component, validated on construction
+(a bad value raises `ConfigError` naming the field, its value and the fix).
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ class RunConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class ResilienceConfig:
-    """How faults are detected and repaired. `ResilienceConfig.disabled()` fails on the first
-    fault."""
+    """How faults are detected and repaired; the default repairs nothing."""
 
     in_process: Any = None
     """InProcessConfig: restart the train function in the same processes (None: off)."""
@@ -155,10 +151,8 @@ class ResilienceConfig:
     @classmethod
     def default(cls, *, checkpoint_interval: int = 0, fault_plan: Any = None,
                 **kwargs: Any) -> ResilienceConfig:
-        """Every rung on: in-process restart, respawn of failed ranks, checkpoints: committed to
-        storage every `checkpoint_interval` steps (0: never; a job retry then starts over) and
-        the local tier at every step, so restarts on the same node resume from the step the
-        fault hit. `checkpoint=None` turns both off (restarts then start from step 0)."""
+        """Every rung on: in-process restart, respawn, a committed checkpoint every
+        `checkpoint_interval` steps (0: none) and the local tier at every step."""
         kwargs.setdefault("in_process", InProcessConfig())
         kwargs.setdefault("in_job", InJobConfig())
         kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))
@@ -173,12 +167,8 @@ def _check(field: str, value: Any, minimum: float, fix: str, *, integer: bool = 
 
 @dataclasses.dataclass(kw_only=True)
 class InProcessConfig:
-    """Rung 1: on an exception or a Python-level hang, every rank keeps its process.
-
-    Ranks abort their process groups, unwind the train function, agree on a new attempt and
-    re-enter it; the function reloads the newest checkpoint. The hang ("soft") timeouts live in
-    `ResilienceConfig.step_timeout_s` / `first_step_timeout_s`.
-    """
+    """Rung 1: on an exception or a Python-level hang, every rank keeps its process and the
+    train function is re-entered from the newest checkpoint."""
 
     max_restarts: int = 20
     """In-process restarts allowed in one run."""
@@ -213,41 +203,30 @@ RESPAWN_POLICIES = ("replace-failed", "all")
 
 @dataclasses.dataclass(kw_only=True)
 class InJobConfig:
-    """Rung 2: dead or stuck ranks get new actors in the same placement group.
-
-    `replace-failed` replaces only the failed ranks (survivors restart in-process);
-    `all` replaces every rank (what NVRx's ft_launcher does).
-    """
+    """Rung 2: dead or stuck ranks get new actors in the same placement group;
+    `replace-failed` replaces only them, `all` every rank."""
 
     policy: str = "replace-failed"
     """"replace-failed" | "all"."""
     max_restarts: int = 10
     """Respawns allowed in one run."""
     max_attempts_without_progress: int = 3
-    """Stop when this many respawns in a row complete no new step (a rank that dies every time)."""
+    """Stop when this many respawns in a row complete no new step."""
     num_spares: int = 0
-    """Warm spare actors started ahead of time, so a replacement skips process start-up (a
-    used spare is replaced once the recovery has completed a step; it is warm 4-5 s later on a
-    small CPU node). Size it to the faults expected within that time."""
+    """Warm spare actors started ahead of time; a replacement then skips process start-up."""
     num_prestarted_workers: int = 1
-    """Ray worker processes kept booted on each node hosting ranks, for rank respawns without a
-    spare: they hold no resources and no rank state, and import torch, DTensor, DCP and FSDP2's
-    dynamo hooks in the background at idle CPU priority (they only take CPU nothing else on the
-    node wants), so a respawned rank skips its process boot and imports (2.5-3.5 s of the 4 s a
-    SIGKILL cost here). Asked for once the run completed its first step, and one more right after
-    each respawn; each holds torch's memory (about 0.4 GB here). More than one rarely helps: Ray
-    hands a new actor the most recently booted idle worker, which after a respawn is the one
-    still importing. 0: off (a respawned rank boots and imports in a new process)."""
+    """Ray worker processes kept booted (and importing torch at idle priority) on each node
+    hosting ranks, for respawns without a spare; about 0.4 GB each. 0: off."""
     heartbeat_timeout_s: float = 10.0
     """A rank whose side thread sent nothing for this long is dead (frozen, node lost)."""
     replacement_timeout_s: float = 300.0
-    """How long to wait for capacity for a replacement (a lost node coming back)."""
+    """How long to wait for capacity for a replacement."""
     min_workers: int | None = None
-    """Continue with fewer ranks (down to this many) when replacements find no capacity in time;
-    ranks above a gap shift down and the checkpoint is loaded resharded. None: never shrink."""
+    """Continue with fewer ranks (down to this many) when replacements find no capacity
+    in time; the checkpoint is loaded resharded. None: never shrink."""
     max_node_faults: int | None = None
-    """Exclude a node once more than this many faults lost or hung a rank's process on it: its
-    ranks move to other nodes (waiting up to replacement_timeout_s for room). None: never."""
+    """Exclude a node after more than this many faults lost or hung a rank's process on it;
+    its ranks move elsewhere. None: never."""
 
     def __post_init__(self) -> None:
         if self.policy not in RESPAWN_POLICIES:

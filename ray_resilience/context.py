@@ -1,8 +1,5 @@
-"""What the train function sees: `get_context()`, `report()` and `load_checkpoint()`.
-
-These are the only calls a training loop needs. `report` is cheap: it appends to an in-process
-queue and returns; a side thread forwards progress to the supervisor at a fixed interval, so
-the training thread never waits on an RPC per step.
+"""What the train function calls: `get_context()`, `report()`, `load_checkpoint()`, `phase()`.
+`report` only appends to an in-process queue; a side thread forwards progress.
 """
 
 from __future__ import annotations
@@ -45,11 +42,8 @@ class TrainContext:
 
 @dataclasses.dataclass
 class CheckpointState:
-    """What to save with a step: the (FSDP2-sharded) model and optimizer plus extra state.
-
-    `extra` holds JSON-safe values and tensors (data position, RNG states, ...). Building this
-    object is free; the library only snapshots it on checkpoint steps.
-    """
+    """What to save with a step: the (FSDP2-sharded) model and optimizer plus `extra` (JSON-safe
+    values and tensors: data position, RNG states). Snapshotted on checkpoint steps only."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None = None
@@ -87,8 +81,7 @@ class _Session:
 
     def drain(self, *, final: bool = False
               ) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
-        """Takes what was recorded since the last call: (metrics, step, step time, saves, events).
-        `final` (the attempt ended) also records the newest save."""
+        """What was recorded since the last call: (metrics, step, step time, saves, events)."""
         if final:
             self.close_save()
         with self.lock:
@@ -124,13 +117,8 @@ def get_context() -> TrainContext:
 
 def report(metrics: dict[str, Any], *, step: int,
            checkpoint: CheckpointState | None = None) -> None:
-    """Records that `step` completed with `metrics`; saves a checkpoint on checkpoint steps.
-
-    Call once per step, after the optimizer step. Returns after a queue append (and, on
-    checkpoint steps, after the shard's buffers are copied; for a rank state of 128 KiB or more,
-    parameters and optimizer state are copied while the next forward and backward run, and the
-    next `optimizer.step()` waits for that copy if it is not done; see `CheckpointConfig.snapshot`).
-    """
+    """Records that `step` completed with `metrics`, once per step after the optimizer step; saves
+    a checkpoint on checkpoint steps (see `CheckpointConfig.snapshot` for what it waits for)."""
     session = _require_session("report")
     now = time.time()
     record = {**metrics, "step": int(step), "rank": session.context.world_rank, "time": now}
@@ -157,11 +145,8 @@ def report(metrics: dict[str, Any], *, step: int,
 
 def load_checkpoint(*, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None) -> Any:
-    """Restores the newest committed checkpoint into freshly built objects.
-
-    Returns a `LoadedCheckpoint` (`.step` to resume after, `.extra`, `.tier`) or None when the
-    run has no checkpoint yet (or checkpointing is off). Call on every rank.
-    """
+    """Restores the newest checkpoint into freshly built objects, on every rank. Returns a
+    `LoadedCheckpoint` (`.step`, `.extra`, `.tier`), or None when there is none yet."""
     session = _require_session("load_checkpoint")
     if session.checkpointer is None:
         return None
@@ -180,12 +165,8 @@ def load_checkpoint(*, model: torch.nn.Module,
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Marks a phase of the loop that is not a training step, e.g. `with phase("validation"):`.
-
-    While a rank is inside, the supervisor applies `ResilienceConfig.phase_timeouts_s[name]`
-    (and the learned timeout of that phase) instead of the step timeout, so a long validation
-    pass is not taken for a hang; fault plans can target the phase.
-    """
+    """Marks a non-training phase, e.g. `with phase("validation"):`: inside it the supervisor
+    applies `ResilienceConfig.phase_timeouts_s[name]` instead of the step timeout."""
     session = _require_session("phase")
     if not name or not isinstance(name, str):
         raise ValueError(f"phase name={name!r} must be a non-empty string, e.g. 'validation'")

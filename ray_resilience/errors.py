@@ -1,8 +1,5 @@
-"""Typed errors. Every message says what happened, the likely cause, and the setting to change.
-
-All errors derive from `ResilienceError`. Configuration errors also derive from `ValueError`, so
-code written against Ray Train's config validation keeps working. Errors are plain picklable
-objects (they cross actor boundaries).
+"""Typed errors: each message says what happened, the likely cause, and the setting to change.
+All derive from `ResilienceError` (config errors also from `ValueError`) and pickle.
 """
 
 from __future__ import annotations
@@ -48,12 +45,8 @@ def _rebuild_resources_error(field, value, asked, available, fix):  # pragma: no
 
 
 class WorkerError(ResilienceError):
-    """The user's train function raised on one or more ranks.
-
-    `cause` is the original exception (same type, unpickled on the driver) when it could be
-    pickled, else None; `exc_type` and `traceback` are always set. `ranks` lists every rank that
-    raised the same error (type and message) in the same attempt.
-    """
+    """The user's train function raised on `ranks` (every rank with the same error). `cause` is the
+    original exception when it pickled; `exc_type` and `traceback` are always set."""
 
     def __init__(
         self, *, ranks: Sequence[int], attempt: int, exc_type: str, message: str,
@@ -137,4 +130,4 @@ def _rebuild_restart_error(setting, limit, causes, ranks, last_error):
 
 
 class RunAbortedError(ResilienceError):
-    """The run was stopped from the driver (Ctrl-C or `ResilientTrainer.abort`)."""
+    """The run was stopped from the driver (Ctrl-C in `fit()`)."""

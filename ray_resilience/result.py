@@ -8,18 +8,14 @@ from typing import Any
 
 @dataclasses.dataclass(kw_only=True)
 class Result:
-    """The outcome of a run. `error` is None on success.
-
-    On failure `error` is a `ResilienceError`; when the train function raised it is a
-    `WorkerError` with the rank(s), the original exception type, message and traceback, and the
-    original exception itself as `error.cause`.
-    """
+    """The outcome of a run. `error` is None on success, else a `ResilienceError` (a
+    `WorkerError` with ranks, type, message, traceback and `cause` when the train function
+    raised)."""
 
     metrics: dict[str, Any]
     """The last metrics rank 0 reported."""
     metrics_history: list[dict[str, Any]]
-    """Every dict passed to `report`, with `step`, `rank` and `attempt`, in (attempt, step, rank)
-    order."""
+    """Every dict passed to `report`, with `step`, `rank` and `attempt`, in that order."""
     path: str
     """The run's folder: `<storage_path>/<name>`."""
     error: BaseException | None = None

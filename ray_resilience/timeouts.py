@@ -1,11 +1,5 @@
-"""Hang timeouts learned from the workload.
-
-Too short and a healthy run is killed (a long first compile, a slow checkpoint, a validation
-pass); too long and a hung job burns GPU hours. The supervisor records the longest interval it
-has seen per phase (first step of an attempt, steady step, checkpoint save and load, each
-user-marked phase such as validation) and, with `AdaptiveTimeouts`, sets each timeout to a
-multiple of the worst observation, never below a floor. Every change is logged; pinned names
-keep the configured value.
+"""Hang timeouts learned from the workload: `AdaptiveTimeouts` sets each phase's timeout to a
+multiple of the longest interval seen, never below a floor; every change is logged.
 """
 
 from __future__ import annotations

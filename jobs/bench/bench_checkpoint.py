@@ -1,4 +1,4 @@
-"""Checkpoint benchmark (issue 3 §9): what each checkpoint method costs the training loop.
+"""Checkpoint benchmark: what each checkpoint method costs the training loop.
 
     python jobs/bench/bench_checkpoint.py --quick            # a few minutes
     python jobs/bench/bench_checkpoint.py                    # full sweep

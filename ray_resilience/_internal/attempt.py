@@ -50,8 +50,7 @@ class AttemptOutcome:
     failed_at: float | None = None
     """Wall time of the exception: the earliest error across ranks is the root cause."""
     return_value: bytes | None = None
-    """What the train function returned, pickled by the rank (cloudpickle); None if nothing.
-    Only the driver unpickles it: the supervisor stays free of the user's types (and torch)."""
+    """What the train function returned, cloudpickled by the rank; only the driver unpickles it."""
     metrics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     last_step: int | None = None
     last_step_time: float | None = None

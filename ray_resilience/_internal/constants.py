@@ -1,8 +1,5 @@
-"""Timing knobs and names in one place (`FOO_ENV_VAR` / `DEFAULT_FOO` pairs).
-
-Code reads a knob with `env_float(FOO_ENV_VAR, DEFAULT_FOO)` where it uses it. The driver
-forwards every `*_ENV_VAR` set in its environment to the supervisor, which passes them to the
-ranks and the checkpoint actors, so tests can shrink a timing without touching configs.
+"""Timing knobs and names in one place: `FOO_ENV_VAR` / `DEFAULT_FOO` pairs, read with
+`env_float` where used. The driver forwards every one set in its environment to the run's actors.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ SUPERVISOR_MAX_CONCURRENCY = 32
 ALLOW_PENDING_RESOURCES_ENV_VAR = "RAY_RESILIENCE_ALLOW_PENDING_RESOURCES"
 """Set to 1 on autoscaling clusters: skip the fail-fast check that the cluster can host the run."""
 
-# --- supervisor and worker group ---------------------------------------------------------------
 
 SHUTDOWN_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_SHUTDOWN_TIMEOUT_S"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
@@ -32,15 +28,15 @@ DEFAULT_SLOW_WAIT_WARNING_S = 10.0
 
 ERROR_GRACE_ENV_VAR = "RAY_RESILIENCE_ERROR_GRACE_S"
 DEFAULT_ERROR_GRACE_S = 0.05
-"""After a first rank error, how long detection waits for the other ranks' errors to group."""
+"""After a first error, how long to wait for peers' errors, so the earliest is reported."""
 
 HEALTH_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_HEALTH_TIMEOUT_S"
 DEFAULT_HEALTH_TIMEOUT_S = 10.0
-"""How long a repair waits for the surviving ranks' health checks."""
+"""How long a kept rank may take to answer its health check."""
 
 SPARE_REPLENISH_MAX_DELAY_ENV_VAR = "RAY_RESILIENCE_SPARE_REPLENISH_MAX_DELAY_S"
 DEFAULT_SPARE_REPLENISH_MAX_DELAY_S = 10.0
-"""A used spare is replaced after the recovery's first step, or at the latest after this."""
+"""Longest a recovery that used warm spares holds back their replacements."""
 
 PRESTART_KEEP_ALIVE_ENV_VAR = "RAY_RESILIENCE_PRESTART_KEEP_ALIVE_S"
 DEFAULT_PRESTART_KEEP_ALIVE_S = 24 * 3600.0
@@ -50,7 +46,6 @@ PRESTART_RPC_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_PRESTART_RPC_TIMEOUT_S"
 DEFAULT_PRESTART_RPC_TIMEOUT_S = 5.0
 """Timeout of one PrestartWorkers call to a raylet."""
 
-# --- rank ------------------------------------------------------------------------------------
 
 PG_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_PG_TIMEOUT_S"
 DEFAULT_PG_TIMEOUT_S = 600.0
@@ -68,12 +63,10 @@ PREIMPORT_WATCH_INTERVAL_ENV_VAR = "RAY_RESILIENCE_PREIMPORT_WATCH_INTERVAL_S"
 DEFAULT_PREIMPORT_WATCH_INTERVAL_S = 5.0
 """How often an unclaimed prestarted process checks whether its run has ended."""
 
-# --- checkpoints -----------------------------------------------------------------------------
 
 CHECKPOINT_CALL_TIMEOUT_ENV_VAR = "RAY_RESILIENCE_CHECKPOINT_CALL_TIMEOUT_S"
 DEFAULT_CHECKPOINT_CALL_TIMEOUT_S = 300.0
-"""Bound on one call to the commit coordinator; longer than a writer's start, which the
-coordinator's `ensure_writers` waits for."""
+"""Bound on one call to the commit coordinator (longer than a writer's start)."""
 
 WRITER_POLL_ENV_VAR = "RAY_RESILIENCE_WRITER_POLL_S"
 DEFAULT_WRITER_POLL_S = 2.0
@@ -97,8 +90,7 @@ DEFAULT_REPLICA_GET_TIMEOUT_S = 300.0
 
 STALE_LOCAL_FOLDER_ENV_VAR = "RAY_RESILIENCE_STALE_LOCAL_FOLDER_S"
 DEFAULT_STALE_LOCAL_FOLDER_S = 600.0
-"""A local-tier run folder without a `.lock` file (its writer never started) is stale after
-this long."""
+"""A local-tier run folder without a `.lock` (its writer never started) is stale after this."""
 
 FORWARDED_ENV_VARS = (
     ALLOW_PENDING_RESOURCES_ENV_VAR, SHUTDOWN_TIMEOUT_ENV_VAR, SLOW_WAIT_WARNING_ENV_VAR,

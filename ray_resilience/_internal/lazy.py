@@ -9,8 +9,7 @@ from typing import Any
 
 def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, str],
                  ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The package's `__getattr__` and `__dir__`: each name in `exports` (name -> module) is
-    imported from its module on first use and cached in `namespace` (the package's globals)."""
+    """The package's `__getattr__` and `__dir__`: names in `exports` are imported on first use."""
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)

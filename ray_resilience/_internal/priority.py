@@ -1,12 +1,6 @@
-"""Scheduling of threads that do background work beside training threads (Linux).
-
-Ray runs every worker process at the same priority (`RAY_worker_niceness`, 15, on the main
-thread and the Python threads it starts; Ray's C++ threads, started before, keep nice 0), the
-ranks' included, so a background actor that shares their node competes with training threads as
-an equal. Two levels below: `"low"` (nice 19) and `"background"` (`SCHED_IDLE`: a waking
-training thread preempts it at once, and against a busy nice-15 thread it gets 3/39 of a core,
-not nothing). Neither can be undone without CAP_SYS_NICE, so only for threads whose work may
-wait. `defer_wakeups` gives up no priority: it only stops a thread's wake-ups from preempting.
+"""CPU priority of background threads beside training threads (Linux): "low" (nice 19),
+"background" (SCHED_IDLE), and `defer_wakeups` (SCHED_BATCH: no priority given up, but its
+wake-ups never preempt). Why: docs/design.md, section 7.
 """
 
 from __future__ import annotations
@@ -18,8 +12,7 @@ PRIORITIES: tuple[str, ...] = ("background", "low", "inherit")
 
 
 def lower_thread(how: str, tid: int = 0) -> str:
-    """Lowers thread `tid` (0: the calling thread) to `how`; returns what it got: "idle",
-    "nice" or "normal" (neither was allowed, or `how` is "inherit")."""
+    """Lowers thread `tid` (0: this one) to `how`; returns "idle", "nice" or "normal"."""
     if how == "background":
         try:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))  # one thread (Linux)
@@ -36,14 +29,9 @@ def lower_thread(how: str, tid: int = 0) -> str:
 
 
 def defer_wakeups() -> bool:
-    """Puts the calling thread under `SCHED_BATCH` (Linux): it keeps its nice value, so its share
-    of the CPU, but its wake-ups never preempt the thread running on that core (the scheduler
-    skips wake-up preemption for batch threads); it runs when that thread blocks or its time
-    slice ends. For the threads a training thread hands work to at each save: woken from inside
-    `save`, each preempted the training thread there (a switch out and back, ~10-70 us of a
-    0.5 ms save) only to wait for the GIL the training thread held. Unlike "background", no
-    priority is given up, so a batch thread holding the GIL is never starved. Returns whether
-    it applied."""
+    """Puts the calling thread under `SCHED_BATCH`: same CPU share, but its wake-ups never
+    preempt the running thread. For threads a save wakes, which otherwise preempted the training
+    thread only to wait for its GIL. Returns whether it applied."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         return True
@@ -52,9 +40,8 @@ def defer_wakeups() -> bool:
 
 
 def lower_process(how: str, *, keep: tuple[int | None, ...] = ()) -> str:
-    """Lowers every thread of this process but those whose native ids are in `keep` (threads
-    started later inherit the level of the thread that starts them); returns what the calling
-    thread got."""
+    """Lowers every thread of this process but those in `keep` (later threads inherit);
+    returns what the calling thread got."""
     if how == "inherit":
         return "normal"
     try:

@@ -18,72 +18,39 @@ WRITER_PRIORITIES: tuple[str, ...] = ("auto", "background", "low", "inherit")
 
 @dataclasses.dataclass(kw_only=True)
 class CheckpointConfig:
-    """Async checkpoints through node-local writer actors. Validated on construction.
-
-    In-flight policies, applied when a save arrives while an older one of the same rank is not
-    yet durable (each rank holds at most one pending snapshot plus one being written):
-    `coalesce` keeps only the newest pending snapshot and never blocks training; `skip` drops the
-    new save; `block` waits until the previous save is durable (the NVRx behaviour).
-
-    Snapshot modes: `overlap` copies parameters and optimizer state while the next forward and
-    backward run and holds the next `optimizer.step()` until the copy is complete (anything else
-    that changes them in place meanwhile makes that save dropped, never torn); `sync` copies
-    everything before `save`/`report` returns; `auto` (the default) is `sync` for a rank whose
-    tensors total less than `auto_sync_max_bytes` (their copy costs less than handing it to a
-    background thread), else `overlap`.
-    """
+    """Async checkpoints through node-local writer actors. Validated on construction."""
 
     interval_steps: int = 0
     """Save when `step % interval_steps == 0` (0: no periodic saves)."""
     in_flight_policy: InFlightPolicy = "coalesce"
-    """"coalesce" | "skip" | "block" (see the class docstring)."""
+    """A save arriving while the previous one is not durable: "coalesce" keeps the newest
+    (never blocks), "skip" drops it, "block" waits (NVRx's behaviour)."""
     num_to_keep: int = 2
-    """Newest committed checkpoints kept in storage (at least 2, so one always survives a crash)."""
+    """Newest committed checkpoints kept in storage (at least 2)."""
     memory_tier: bool = True
-    """Keep the newest committed checkpoint in writer memory so restarts skip reading storage."""
+    """Keep the newest committed checkpoint in writer memory: restarts skip reading storage."""
     memory_budget_bytes: int | None = None
-    """Per-node cap on the memory tier, replicas included (None: only Ray's object store limit
-    applies)."""
+    """Per-node cap on the memory tier, replicas included (None: Ray's object store limit)."""
     memory_replicas: int = 0
-    """Copies of each rank's newest committed shard that other writers also keep in memory,
-    preferring writers on other nodes: a rank whose node (or writer) was lost then restores from
-    a replica instead of reading storage. Each replica costs the shard's size in the holding
-    node's object store; made in the background after the commit, so a fault right after a
-    commit may still find none (storage is the fallback)."""
+    """Copies of each rank's newest committed shard kept by other writers (other nodes first),
+    so a rank whose node or writer was lost restores from memory."""
     snapshot: SnapshotMode = "auto"
-    """"auto" | "overlap" | "sync" (see the class docstring); a save without an optimizer is
-    always sync."""
+    """"overlap": copy parameters and optimizer state during the next forward/backward; "sync":
+    before `report` returns; "auto": sync below `auto_sync_max_bytes`, else overlap."""
     auto_sync_max_bytes: int = 128 * 2**10
-    """Under `snapshot="auto"`: a rank's state smaller than this is copied before `save` returns
-    (128 KiB: about the training-thread cost of handing the copy to the background thread,
-    20-30 us; a 0.75 MB state copied in sync costs 0.15-0.3 ms of it)."""
+    """Under `snapshot="auto"`: a rank state smaller than this is copied before `save` returns."""
     local_interval_steps: int = 1
-    """Also write each rank's state into node-local shared memory (`local_dir`) every this many
-    steps (0: off). A rank restarted in process, or respawned on the same node, resumes from
-    there when it is newer than the newest committed checkpoint: a fault then redoes at most
-    this many steps instead of rolling back to the last committed step. Costs the training
-    thread one copy of the rank's state per local step (0.1-0.3 ms for 0.75 MB here) and twice
-    the state's size in `local_dir`; see `local_tier.py`."""
+    """Also write each rank's state to node-local shared memory every this many steps (0: off);
+    a restart on the same node then redoes at most this many steps."""
     local_dir: str = "/dev/shm"
-    """A node-local memory-backed folder (tmpfs) for the local tier. On Kubernetes, mount an
-    `emptyDir: {medium: Memory}` volume there with room for two copies of the ranks' state
-    (the manifests in `cluster_configs/` do)."""
+    """Node-local tmpfs for the local tier (on Kubernetes: an `emptyDir` with medium Memory)."""
     local_max_bytes: int | None = 64 * 2**20
-    """A rank whose state is larger skips the local tier (logged once; None: no cap). Copying
-    64 MiB costs 10-30 ms on CPU, which is about 1% of a step of a model that size; raise it
-    together with `local_interval_steps` for larger shards."""
+    """A rank whose state is larger skips the local tier (None: no cap)."""
     writers_per_node: int = 1
     """Writer actors per node hosting ranks; ranks on a node are spread across them."""
     writer_priority: WriterPriority = "auto"
-    """CPU priority of the writers' threads. At "inherit" (Ray's own, the ranks' too) a writer
-    competes with training threads as an equal: on a busy node, a rank waits for a core a
-    writer holds. "low": nice 19. "background": Linux
-    `SCHED_IDLE` (nice 19 where that is not allowed): writes run mostly on CPU time the ranks
-    leave idle (against Ray's nice-15 ranks an idle thread still gets 3/39 of a busy core) and a
-    waking rank preempts them at once; when the ranks keep every core busy, a write takes
-    longer and `in_flight_policy` decides what happens to saves meanwhile. "auto" (the
-    default): "background", but "inherit" under `in_flight_policy="block"`, where training waits
-    for the writer anyway."""
+    """CPU priority of the writers: "background" (SCHED_IDLE), "low" (nice 19), "inherit"
+    (Ray's, as the ranks); "auto": background, but inherit under `in_flight_policy="block"`."""
 
     num_storage_retries: int = 3
     """Retries of a failed storage write (S3 outage, network) before the save is given up."""
@@ -92,7 +59,7 @@ class CheckpointConfig:
     storage_retry_max_backoff_s: float = 30.0
     """Cap on the wait between two retries."""
     write_timeout_s: float = 1800.0
-    """Longest a rank waits for its writer to report a shard durable before giving the save up."""
+    """Longest a rank waits for its writer to make a shard durable before giving it up."""
     collective_timeout_s: float = 600.0
     """Timeout of the CPU (gloo) group for checkpoint agreement when the backend is not gloo."""
     warn_interval_s: float = 30.0

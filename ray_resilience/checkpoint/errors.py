@@ -1,7 +1,4 @@
-"""Checkpoint errors: each names the path involved, what went wrong and what to change.
-
-All derive from `ray_resilience.errors.ResilienceError` and survive crossing actor boundaries.
-"""
+"""Checkpoint errors: each names the path, what went wrong and what to change."""
 
 from __future__ import annotations
 

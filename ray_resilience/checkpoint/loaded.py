@@ -13,12 +13,11 @@ class LoadedCheckpoint:
     step: int
     extra: dict[str, Any]
     tier: Literal["local", "memory", "storage"]
-    """"local": this node's shared-memory snapshot (`local_tier.py`), not a committed step;
-    "memory": a writer's copy of a committed step; "storage": read from storage."""
+    """"local" (this node's shared-memory snapshot), "memory" (a writer's copy of a committed
+    step) or "storage"."""
     path: str
     """The step folder (URI or local path) the checkpoint belongs to."""
     fallbacks: tuple[str, ...] = ()
     """Newer committed steps that could not be loaded, each with the reason (file named)."""
     replica: bool = False
-    """Memory tier only: read from a replica (`CheckpointConfig.memory_replicas`), not from the
-    writer that wrote this rank's shard."""
+    """Memory tier only: read from a replica, not from the writer of this rank's shard."""

@@ -1,7 +1,5 @@
-"""Deployment helpers: validate KubeRay / Kubernetes manifests before applying them.
-
-Public surface: `validate_manifest_file`, `validate_dir`, `validate_files`, `validate_resources`,
-the `ManifestProblem` they return, the `Rule` ids, the setup errors, and the CLI hook `main`.
+"""Validate KubeRay / Kubernetes manifests before applying them (`validate_dir`, `validate_files`,
+`validate_resources`, the `ManifestProblem`s they return, and the CLI hook `main`).
 """
 
 from ray_resilience.deploy.command import main

@@ -1,8 +1,6 @@
-"""A read-only view of the Ray cluster inside a RayJob / RayCluster / RayService document.
-
-Rules need the same few facts (which pod groups exist, how many pods each runs, what the Ray
-container mounts and requests), wherever the kind nests its cluster spec. Values are read
-defensively: a document may be malformed, and the schema check reports that separately.
+"""A read-only view of the Ray cluster inside a RayJob / RayCluster / RayService document: pod
+groups, pod counts, mounts and requests, read defensively (the schema check reports malformed
+documents).
 """
 
 from __future__ import annotations

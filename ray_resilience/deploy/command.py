@@ -1,7 +1,5 @@
-"""`validate-manifests`: the command-line face of the manifest validator.
-
-Wired as `python -m ray_resilience validate-manifests PATH...` by `ray_resilience.cli`; exit codes
-follow linters (0 valid, 1 problems found, 2 the validator could not run) so CI can gate on it.
+"""`validate-manifests`: the command-line face of the manifest validator; exit codes as linters
+use them (0 valid, 1 problems, 2 the validator could not run).
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ def default_crd_dir() -> str:
 
 
 def default_jobs_dir(paths: list[str]) -> str | None:
-    """Where the entrypoints' job scripts are: $RAY_RESILIENCE_JOBS_DIR, else ./jobs, else the
-    jobs/ folder beside the first manifest folder (<repo>/cluster_configs -> <repo>/jobs), so
-    that validating a checkout's manifests works from any working directory."""
+    """Where the entrypoints' job scripts are: $RAY_RESILIENCE_JOBS_DIR, ./jobs, or jobs/
+    beside the first manifest folder."""
     first = os.path.abspath(paths[0]) if paths else os.getcwd()
     manifest_dir = first if os.path.isdir(first) else os.path.dirname(first)
     beside = os.path.join(manifest_dir, "..", "jobs")

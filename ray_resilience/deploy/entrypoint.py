@@ -1,7 +1,5 @@
-"""Read a job entrypoint the way the shell would: which script runs, with which flags.
-
-Only the first `python <script>` (or `python -m <module>`) invocation counts; commands chained
-before it (`cd /app && ...`) are skipped, and the arguments stop at the next shell operator.
+"""Read a job entrypoint the way the shell would: the first `python <script>` (or `-m`)
+invocation and its flags, up to the next shell operator.
 """
 
 from __future__ import annotations
@@ -20,11 +18,9 @@ class Entrypoint:
     """The `python <script> --flag value ...` part of a job entrypoint."""
 
     script: str | None
-    """Script path as written (`jobs/train_llama_fsdp.py`); `-m a.b` becomes `a/b.py`; None if
-    there is no python invocation."""
+    """Script path as written; `-m a.b` becomes `a/b.py`; None without a python invocation."""
     args: dict[str, str | bool]
-    """`--num_workers 16` -> {"num_workers": "16"}; a bare `--use_gpu` -> {"use_gpu": True};
-    `--num-workers` is normalised to `num_workers` as argparse does."""
+    """Flags as argparse reads them: {"num_workers": "16"}, a bare flag True, `-` as `_`."""
 
 
 def parse_entrypoint(text: str) -> Entrypoint:

@@ -1,8 +1,5 @@
-"""Rules that tie a RayJob's entrypoint to its cluster: script, GPUs, resumability, storage.
-
-These catch mistakes no schema can: a job that asks for 16 ranks on 12 GPUs waits forever for a
-placement group; a rerun (backoffLimit) whose run name changes starts from step 0; a script name
-typo fails only after the p5 nodes have been provisioned and paid for.
+"""Rules that tie a RayJob's entrypoint to its cluster: the script exists, ranks match GPUs,
+a rerun resumes (fixed run name, shared storage path).
 """
 
 from __future__ import annotations

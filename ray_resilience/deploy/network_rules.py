@@ -1,17 +1,9 @@
-"""NetworkPolicy rules: the Ray head admits its own cluster's pods and the job submitter, no others.
+"""NetworkPolicy rules: the Ray head admits its own cluster's pods and the job submitter, no
+others.
 
-Kubernetes lets every pod reach every other pod unless a NetworkPolicy selects it; the head's job
-API, GCS and client ports run code for whoever reaches them. These rules read the NetworkPolicies
-among the validated documents and the labels KubeRay v1.7.0 puts on Ray pods (`labelPod` in
-ray-operator/controllers/ray/common/pod.go: template labels, then ray.io/node-type, ray.io/group
-and ray.io/cluster, which templates cannot override), and check that a policy selects the head;
-that none of its rules opens a head port to every pod or to an address range; that the workers
-still reach the GCS; and that a K8sJobMode submitter still reaches the job API.
-
-A RayJob's or RayService's RayCluster is named `<name>-<random>` (a new one on every RayJob
-rerun), so `ray.io/cluster` cannot select their pods; a label of the pod template can. Namespaces:
-a document without metadata.namespace shares the others'; a namespaceSelector is matched on
-`kubernetes.io/metadata.name` alone, with `default` for a document that names no namespace.
+A policy must select each head (by a pod-template label: a RayJob's cluster name is random), open
+no head port to every pod or an address range, and still let workers reach the GCS and a
+K8sJobMode submitter reach the job API. Pod labels as KubeRay v1.7.0 sets them (`labelPod`).
 """
 
 from __future__ import annotations
@@ -62,8 +54,7 @@ def ray_pod(doc: dict[str, Any], group: PodGroup) -> Pod:
 
 
 def submitter_pod(doc: dict[str, Any]) -> Pod | None:
-    """The pod a K8sJobMode RayJob runs `ray job submit` from (KubeRay's getSubmitterTemplate and
-    the Job controller's labels); None for other kinds and submission modes."""
+    """The pod a K8sJobMode RayJob runs `ray job submit` from; None otherwise."""
     spec = doc.get("spec") or {}
     if doc.get("kind") != "RayJob" or (spec.get("submissionMode") or "K8sJobMode") != "K8sJobMode":
         return None
@@ -232,8 +223,8 @@ def cluster_network_problems(
 def policy_problems(
     ctx: DocContext, doc: dict[str, Any], ray_docs: list[dict[str, Any]]
 ) -> list[ManifestProblem]:
-    """For a NetworkPolicy: ingress rules that open the head port of a Ray cluster it selects to
-    every pod, every namespace or an address range (each reported once)."""
+    """Ingress rules of a NetworkPolicy that open a selected head's port to every pod, every
+    namespace or an address range (each reported once)."""
     policy, problems, seen = Policy.of(doc), [], set()
     for ray_doc in ray_docs:
         groups = pod_groups(ray_doc)

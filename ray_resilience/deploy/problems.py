@@ -1,8 +1,5 @@
-"""What the manifest validator reports: one `ManifestProblem` per broken rule, plus setup errors.
-
-Problems are data, not exceptions: a user fixing a manifest wants every problem in one pass, the
-way `kubectl apply --dry-run=server` would list them. Exceptions (`ManifestValidationError`) are
-kept for the cases where the validator itself cannot run (no CRDs, unsupported Kubernetes version).
+"""What the manifest validator reports: one `ManifestProblem` per broken rule (data, so every
+problem is listed in one pass), and `ManifestValidationError` when it cannot run at all.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Operator rules KubeRay enforces only at reconcile time, plus resource rules for training pods.
-
-The CRD schema cannot express these, so a manifest that passes `kubectl apply` can still be
-rejected by the operator minutes later (a RayJob stuck without a cluster) or run in a way that
-hurts fault tolerance (a Burstable pod evicted first under node pressure). Sources:
-`ray-operator/controllers/ray/utils/validation.go` and `constant.go` of KubeRay v1.7.0.
+"""Operator rules KubeRay v1.7.0 enforces only at reconcile time (`validation.go`), plus
+resource rules for training pods.
 """
 
 from __future__ import annotations
@@ -14,8 +10,7 @@ from typing import Any
 from ray_resilience.deploy.cluster import PodGroup, pod_groups, quantity
 from ray_resilience.deploy.problems import DocContext, ManifestProblem, Rule
 
-# Longest generated Service suffix is "-serve-svc": 63 - 10 = 53 for a RayCluster; RayJob and
-# RayService names get a 6-character random suffix when their RayCluster is generated.
+# 63 minus the longest Service suffix ("-serve-svc"); generated RayClusters add 6 more.
 NAME_LIMITS = {"RayCluster": 53, "RayJob": 47, "RayService": 47}
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _INTERNAL_SERVICE_TYPES = (None, "ClusterIP")
@@ -116,8 +111,8 @@ def _get(node: Any, path: list[str]) -> Any:
 
 
 def _requests_limits_problems(ctx: DocContext, group: PodGroup) -> list[ManifestProblem]:
-    """Requests == limits: Guaranteed QoS pods are the last evicted or OOM-killed on a node, and
-    the API server rejects extended resources (GPU, EFA) whose request differs from the limit."""
+    """Requests == limits: Guaranteed QoS pods are evicted last, and extended resources
+    (GPU, EFA) must have equal requests and limits."""
     problems = []
     for i, container in enumerate(group.pod_spec.get("containers") or []):
         resources = (container or {}).get("resources") or {}

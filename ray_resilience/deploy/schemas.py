@@ -1,11 +1,6 @@
-"""Schema checks: KubeRay CRDs made strict, and built-in kinds through `kubernetes-validate`.
-
-A CRD's `openAPIV3Schema` is *structural*: the API server prunes fields it does not know instead
-of rejecting them, so a misspelt `shutdownAfterJobFinshes` is silently dropped and the job keeps
-its cluster forever. We therefore convert each schema to strict JSON Schema (every object with
-`properties` and no `additionalProperties` / `x-kubernetes-preserve-unknown-fields` gets
-`additionalProperties: false`) so unknown fields become errors. CEL rules
-(`x-kubernetes-validations`) are not evaluated; the operator rules that matter are in `rules.py`.
+"""Schema checks: KubeRay CRDs made strict (`additionalProperties: false`, since the API server
+silently prunes unknown fields of a structural schema), built-in kinds via `kubernetes-validate`.
+CEL rules are not evaluated; the operator rules that matter are in `rules.py`.
 """
 
 from __future__ import annotations
@@ -41,10 +36,8 @@ _MAX_LISTED_FIELDS = 25
 
 
 def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of an OpenAPI v3 structural schema as strict JSON Schema (see module docstring).
-
-    Also: `x-kubernetes-int-or-string` accepts an integer or a string, `nullable` adds `null`.
-    """
+    """A copy of an OpenAPI v3 structural schema as strict JSON Schema; `x-kubernetes-int-or-string`
+    and `nullable` are translated."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
@@ -71,10 +64,8 @@ def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class CrdSchemas:
-    """The served versions of every CRD in one directory, keyed by (apiVersion, kind).
-
-    Raw schemas are kept and converted on first use: a RayJob-only run never pays for RayService.
-    """
+    """The served versions of every CRD in one folder by (apiVersion, kind), converted on first
+    use."""
 
     crd_dir: str
     raw: dict[tuple[str, str], dict[str, Any]]
@@ -131,10 +122,8 @@ def crd_problems(ctx: DocContext, doc: dict[str, Any], validator: Any) -> list[M
 def builtin_problems(
     ctx: DocContext, doc: dict[str, Any], kubernetes_version: str
 ) -> list[ManifestProblem]:
-    """Built-in kind against the strict Kubernetes schema; an unknown kind is an error here.
-
-    kubernetes-validate reports only the best-matching error per document; fix and re-run.
-    """
+    """A built-in kind against the strict Kubernetes schema (kubernetes-validate reports only the
+    best-matching error per document)."""
     try:
         kubernetes_validate.validate(doc, kubernetes_version, strict=True)
     except kubernetes_validate.ValidationError as err:
@@ -152,10 +141,7 @@ def builtin_problems(
 def metadata_problems(
     ctx: DocContext, metadata: Any, kubernetes_version: str
 ) -> list[ManifestProblem]:
-    """Strict ObjectMeta check for custom resources, whose CRDs declare metadata as a bare object.
-
-    Validated as the metadata of a ConfigMap, which uses the same ObjectMeta schema.
-    """
+    """Strict ObjectMeta check for custom resources (validated as a ConfigMap's metadata)."""
     wrapper = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata}
     return builtin_problems(ctx, wrapper, kubernetes_version)
 

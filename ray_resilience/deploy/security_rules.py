@@ -1,11 +1,6 @@
-"""Security rules: who can run code on the Ray cluster, and what its containers may do.
-
-The head's job API (8265), GCS (6379) and client port (10001) run arbitrary code for whoever
-reaches them, on nodes that hold the GPUs, the EFA devices and the checkpoint volume. These rules
-check Ray's token authentication (KubeRay `authOptions`); containers that run as a non-root user
-without extra privileges (Pod Security "restricted", except an init container that hands a volume
-to that user); no world-writable folders; and no credentials written into a manifest, where they
-end up in git, in `kubectl get -o yaml` and in the job's logs. NetworkPolicies: network_rules.py.
+"""Security rules: Ray token authentication, containers that run as a non-root user without extra
+privileges (an init container may chown a volume), no world-writable folders, and no credentials
+in a manifest. NetworkPolicies: `network_rules.py`.
 """
 
 from __future__ import annotations
@@ -19,8 +14,7 @@ from urllib.parse import parse_qsl, urlsplit
 from ray_resilience.deploy.cluster import PodSpecAt, cluster_spec, pod_groups, pod_specs
 from ray_resilience.deploy.problems import DocContext, ManifestProblem, Rule
 
-# A root init container may keep these to chown/chmod a volume the kubelet cannot hand over
-# through fsGroup (hostPath, or a CSI driver whose fsGroupPolicy skips ReadWriteMany volumes).
+# What a root init container may keep to chown a volume fsGroup does not reach.
 OWNERSHIP_CAPABILITIES = frozenset({"CHOWN", "FOWNER"})
 # What Pod Security "restricted" lets other containers add (usable through file capabilities).
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
@@ -43,7 +37,7 @@ _IAM_ROLE_FIX = (
 
 def security_problems(ctx: DocContext, doc: dict[str, Any]) -> list[ManifestProblem]:
     """Token auth (Ray kinds), then container hardening, credentials and world-writable modes for
-    every pod spec the document runs (Ray groups, a RayJob's submitter, workload kinds)."""
+    every pod spec the document runs."""
     problems = _auth_problems(ctx, doc) + _default_submitter_problems(ctx, doc)
     for pod in pod_specs(doc):
         problems += _pod_problems(ctx, pod)
@@ -105,8 +99,8 @@ def _auth_problems(ctx: DocContext, doc: dict[str, Any]) -> list[ManifestProblem
 
 
 def _default_submitter_problems(ctx: DocContext, doc: dict[str, Any]) -> list[ManifestProblem]:
-    """K8sJobMode without submitterPodTemplate runs KubeRay's default submitter pod, which has no
-    securityContext at all (common/job.go: GetDefaultSubmitterContainer)."""
+    """K8sJobMode without submitterPodTemplate runs KubeRay's default submitter, which has no
+    securityContext."""
     spec = doc.get("spec") or {}
     mode = spec.get("submissionMode") or "K8sJobMode"
     if doc.get("kind") != "RayJob" or mode != "K8sJobMode" or spec.get("submitterPodTemplate"):
@@ -165,8 +159,7 @@ def _container_problems(
         path = [*where, "securityContext", *field]
         problems.append(ctx.problem(path, rule, value, f"{label}: {message}", fix))
 
-    # Init containers are judged by their capabilities instead: root that may only chown is the
-    # way to hand a volume to the Ray user where fsGroup does not reach.
+    # Init containers are judged by their capabilities: root that may only chown is allowed.
     if not init and effective("runAsUser") == 0:
         add(["runAsUser"], Rule.NON_ROOT, 0, "runs as root (uid 0), so code it runs, e.g. a "
             "submitted job, owns the node's mounts and devices", "run as the image's non-root "

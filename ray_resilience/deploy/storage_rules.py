@@ -1,9 +1,5 @@
-"""Storage rules: checkpoints must land on one shared, persistent volume seen by every Ray pod.
-
-A RayJob rerun (backoffLimit) runs on a brand-new RayCluster, so only storage that outlives the
-pods (a PersistentVolumeClaim such as FSx for Lustre, or object storage) lets it resume; a path
-on the container's disk or an emptyDir vanishes with the pod, and a path that differs between
-head and workers splits one checkpoint across file systems.
+"""Storage rules: checkpoints must land on one shared volume that outlives the pods and that every
+Ray pod mounts at the same path (a RayJob rerun runs on a new RayCluster).
 """
 
 from __future__ import annotations

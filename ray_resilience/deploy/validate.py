@@ -1,11 +1,5 @@
-"""Validate KubeRay and Kubernetes manifests before they reach a cluster.
-
-`kubectl apply` accepts a RayJob whose fields are misspelt (the API server drops them), whose
-name the operator later rejects, or whose checkpoints would vanish with a pod. This module runs,
-per YAML document: the strict CRD schema (custom kinds) or the strict Kubernetes schema (built-in
-kinds), then the operator's reconcile-time rules, the job rules that make a RayJob resumable, and
-the security rules (token auth, NetworkPolicy, container hardening, no credentials). Files given
-together are one set: a claim or NetworkPolicy in one file serves the RayJob of another.
+"""Validate KubeRay and Kubernetes manifests before they reach a cluster: per document the strict
+schema, then the operator, job, storage and security rules. Files given together are one set.
 
     python -m ray_resilience validate-manifests cluster_configs/
 """
@@ -101,12 +95,8 @@ def validate_resources(
     kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
     alongside: Sequence[Any] | None = None,
 ) -> list[ManifestProblem]:
-    """Validate parsed YAML documents as if they were read from `source` (used for reports).
-
-    `alongside`: every document validated together with these (default: `docs`). Ray pods may
-    only use PersistentVolumeClaims declared there (when any are), and the NetworkPolicies there
-    must restrict each Ray head.
-    """
+    """Validate parsed YAML documents as if read from `source`; `alongside` (default: `docs`)
+    is the set whose claims and NetworkPolicies count."""
     _check_dir(jobs_dir, "jobs_dir", "--jobs-dir: the folder holding the job scripts")
     crds = load_crd_schemas(os.path.realpath(crd_dir))
     related = _Related.of(docs if alongside is None else alongside)
@@ -125,8 +115,7 @@ def validate_files(
     crd_dir: str,
     kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
 ) -> list[ManifestProblem]:
-    """Every problem in these manifest files, validated as one set: a claim or NetworkPolicy in
-    one file counts for the Ray resources of the others (an empty list means all are valid)."""
+    """Every problem in these files, validated as one set (empty: all valid)."""
     loaded = [(path, *load_documents(path)) for path in paths]
     alongside = [d for _, docs, _ in loaded for d in docs]
     problems: list[ManifestProblem] = []
@@ -214,8 +203,7 @@ def _validate_document(
         else:
             problems += _ray_rules(ctx, doc, jobs_dir, related)
     except (AttributeError, TypeError, ValueError, KeyError):
-        # Rules read the document as the schema describes it. If the schema check found the
-        # structure broken, its problems already explain the crash; otherwise it is our bug.
+        # A broken structure is already reported by the schema check; otherwise it is our bug.
         if not problems:
             raise
     return problems

@@ -1,4 +1,3 @@
-"""Example workload used by `jobs/train_llama_fsdp.py`, the tests and the benchmarks.
-
-A LLaMA-style decoder and a deterministic token dataset stored as Parquet shards.
+"""Example workload for `jobs/train_llama_fsdp.py`, the tests and the benchmarks: a LLaMA-style
+decoder and a deterministic token dataset in Parquet shards.
 """

@@ -1,7 +1,5 @@
 """A LLaMA-style decoder: RMSNorm, rotary embeddings, SwiGLU, grouped-query causal attention.
-
-Small enough to read in one sitting; the `llama3-8b` preset has Llama-3.1-8B's shapes for GPU
-clusters, `tiny` trains in well under a second per step on a CPU.
+Presets from `tiny` (CPU tests) to `llama3-8b` (Llama-3.1-8B's shapes).
 """
 
 from __future__ import annotations

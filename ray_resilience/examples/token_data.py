@@ -1,10 +1,5 @@
-"""A deterministic token dataset in Parquet shards, read per rank with pyarrow.
-
-The "language" is a sparse random Markov chain (each token has a few likely successors), so a
-model can learn it and the loss visibly falls. Shards are generated once per (seed, size) and are
-byte-identical on every machine; each rank reads only the rows of its own slice of each global
-batch. The position in the data is just the global batch index, so it is trivially part of the
-training state.
+"""A deterministic token dataset in Parquet shards (a sparse random Markov chain, so the loss
+falls), read per rank with pyarrow. The data position is the global batch index.
 """
 
 from __future__ import annotations
@@ -24,11 +19,8 @@ def generate_shards(
     data_dir: str, *, num_samples: int = 4096, seq_len: int = 64, vocab_size: int = 256,
     num_shards: int = 4, seed: int = 1234, successors: int = 4,
 ) -> list[str]:
-    """Writes `num_shards` Parquet files of `num_samples` token rows (seq_len + 1 tokens each).
-
-    Idempotent and safe when several processes call it at once: each file is written to a temporary
-    name and renamed into place, so a reader never sees a partial shard.
-    """
+    """Writes `num_shards` Parquet files of `num_samples` rows of seq_len + 1 tokens;
+    idempotent, and safe under concurrent callers (written aside, renamed into place)."""
     os.makedirs(data_dir, exist_ok=True)
     paths = [os.path.join(data_dir, f"shard-{i:05d}.parquet") for i in range(num_shards)]
     if all(os.path.exists(p) for p in paths):
@@ -51,12 +43,8 @@ def generate_shards(
 
 
 class TokenDataset:
-    """Random access to the shards: `batch(step, rank, world_size, batch_size)` -> (inputs,
-    targets).
-
-    Global batch `step` holds samples [step * G, (step + 1) * G) (mod the dataset size) with
-    G = world_size * batch_size; rank r takes its contiguous block of `batch_size` of them.
-    """
+    """Random access to the shards: `batch(step, rank, world_size, batch_size)`. Global batch
+    `step` holds samples [step * G, (step + 1) * G) mod the size, G = world_size * batch_size."""
 
     def __init__(self, data_dir: str) -> None:
         self._paths = sorted(

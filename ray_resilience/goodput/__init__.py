@@ -1,7 +1,5 @@
-"""Goodput accounting: one definition for every recovery mechanism, computed from a run timeline.
-
-`RunTimeline` records what happened when; `compute_goodput` turns it into a `GoodputReport`
-(training and infra goodput, recovery per fault); `table` and `plot` render it.
+"""Goodput accounting: `RunTimeline` records a run, `compute_goodput` turns it into a
+`GoodputReport`; `table` and `plot` render it.
 """
 
 from ray_resilience.goodput.report import FaultRecovery, GoodputReport, compute_goodput

@@ -1,16 +1,7 @@
 """Pure helpers behind `compute_goodput`: step intervals, steady step time, percentiles.
 
-Definitions (the single source of truth; `goodput.py` documents them for users):
-
-- A *step interval* is a pair of step events (a, b) adjacent in time with b.step > a.step and no
-  fault time in [a.t, b.t). Its *compute time* is (b.t - a.t) minus the checkpoint blocking
-  recorded in (a.t, b.t], spread over b.step - a.step steps. The stretch from run start (or from
-  a fault) to the first step event after it is never an interval: it holds setup or recovery.
-- *Steady step time* is the median compute time per step over the intervals that end before
-  the first fault; if there are none, over all intervals. Checkpoint blocking is excluded, so
-  blocking counts as lost time in training goodput.
-- *Full-world training time* is the summed length of the intervals whose two ends both ran at
-  the run's full world size (checkpoint blocking inside them included: the world is busy).
+A step interval is a pair of adjacent step events with a higher step and no fault in between; its
+compute time excludes the checkpoint blocking inside it. Definitions: docs/design.md, section 9.
 """
 
 from __future__ import annotations
@@ -115,10 +106,8 @@ def run_end(timeline: RunTimeline) -> tuple[float, int]:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between order statistics.
-
-    Same convention as numpy's default ("linear"): p50 of [1, 2, 3, 4] is 2.5.
-    """
+    """The q-th percentile (0..100), linear interpolation as numpy's default: p50 of [1, 2, 3, 4]
+    is 2.5."""
     if not values:
         return None
     ordered = sorted(values)
@@ -129,7 +118,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def _any_between(sorted_times: Sequence[float], lo: float, hi: float) -> bool:
-    """Whether some time lies in [lo, hi): a fault at the instant step a completed breaks the
-    interval after a; one at the instant step b completed does not undo b."""
+    """Whether some time lies in [lo, hi)."""
     index = bisect.bisect_left(sorted_times, lo)
     return index < len(sorted_times) and sorted_times[index] < hi

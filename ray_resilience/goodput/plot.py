@@ -1,8 +1,6 @@
-"""PNG pictures of runs: one run's timeline, and several mechanisms side by side.
-
-Drawn with matplotlib's object API on the Agg canvas (no pyplot, no global backend switch), so
-it is headless, thread-safe and leaves the user's matplotlib state alone. Called once per run
-(`GoodputReport.write`) and once per benchmark; never on the training path.
+"""PNG pictures of runs: one run's timeline, and several mechanisms side by side. Drawn on the
+Agg canvas without pyplot, so headless, thread-safe, and the user's matplotlib state is
+untouched.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ _COMMIT_COLOR = "#1d3557"
 
 
 def plot_timeline(timeline_or_report: TimelineLike, path: str, *, title: str | None = None) -> str:
-    """Step vs wall time for one run: faults as red lines labelled with their cause, recovery
-    phases shaded, committed checkpoints ticked. Writes a PNG to `path` and returns it."""
+    """Step vs wall time for one run (faults, recovery phases, commits); writes a PNG to `path`."""
     timeline, report = _split(timeline_or_report)
     figure = Figure(figsize=(11, 5.5), dpi=110)
     ax = figure.add_subplot()
@@ -62,8 +59,7 @@ def plot_timeline(timeline_or_report: TimelineLike, path: str, *, title: str | N
 def plot_comparison(
     runs: Mapping[str, TimelineLike], path: str, *, title: str | None = None
 ) -> str:
-    """Step vs wall time of several mechanisms overlaid, each with its faults in its own colour.
-    For the recovery benchmark: same plan, same model, one curve per mechanism."""
+    """Step vs wall time of several mechanisms overlaid, each with its faults in its own colour."""
     if not runs:
         raise ValueError("runs={} is empty; pass {mechanism_name: timeline or report}.")
     figure = Figure(figsize=(11, 5.5), dpi=110)
@@ -91,8 +87,7 @@ def _split(item: TimelineLike) -> tuple[RunTimeline, GoodputReport | None]:
 
 
 def _curve(timeline: RunTimeline) -> tuple[list[float], list[float]]:
-    """(seconds since start, step) in time order from (0, start_step), with a gap (NaN) at
-    each fault: progress is not interpolated across a recovery or a rollback."""
+    """(seconds since start, step) from (0, start_step), with a gap (NaN) at each fault."""
     t0 = timeline.t_start or 0.0
     fault_ts = sorted(f.t_fault for f in timeline.faults.values())
     xs, ys = [0.0], [float(timeline.start_step)]

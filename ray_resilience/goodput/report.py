@@ -1,25 +1,6 @@
-"""Goodput accounting: one definition for every recovery mechanism, on one clock.
-
-The supervisor records a `RunTimeline`; `compute_goodput` turns it into a `GoodputReport`:
-
-- training goodput = (final_step - start_step) x steady step time / wall time. The steady step
-  time is the fault-free compute time per step (checkpoint blocking excluded): the median over
-  step intervals before the first fault, or over every fault-free interval of the run
-  (`steady_window="run"`: robust when the machine's speed drifts during a long run), or
-  `steady_step_time_s` measured by a fault-free reference run. Setup, checkpoint blocking,
-  detection, recovery and redone steps all count as lost, whatever the mechanism.
-- infra goodput = share of wall time in which the full world size was training: the summed
-  length of intervals from one completed step to the next completed step, both at full world
-  size, with no fault in between. Redone steps count (the hardware was training); setup, the
-  first step after start and the whole recovery window (fault to first completed step) do not.
-- per fault: detect / teardown / rendezvous / checkpoint_load (+ tier) / first_step durations,
-  recovery = fault to first completed step after it, steps redone = step_at_fault -
-  resumed_from_step (the AWS convention), checkpoint freshness at the fault, cause.
-- the AWS/NVRx test case's own numbers, for comparing with their blog only:
-  checkpoint efficiency = 100 - 100 x sum(checkpoint blocking) / wall, and their training
-  goodput = (time spent training steps - checkpoint time) / wall, where redone steps count as
-  useful. Their in-process variant also counts the re-entered loop as training, so their
-  training goodput is not comparable across mechanisms; ours is.
+"""`compute_goodput`: a run's `RunTimeline` in, a `GoodputReport` out: training goodput, infra
+goodput, recovery per fault, and the AWS/NVRx test case's own figures. One definition for every
+mechanism, on one clock (docs/design.md, section 9).
 """
 
 from __future__ import annotations
@@ -114,13 +95,8 @@ def compute_goodput(
     timeline: RunTimeline, *, steady_step_time_s: float | None = None,
     steady_window: str = "before_first_fault",
 ) -> GoodputReport:
-    """Compute the report. Works on a finished run and, for live dashboards, on one in progress
-    (the report keeps a snapshot of the timeline, so later events do not change it).
-
-    `steady_step_time_s`: fault-free step time from a reference run; by default it is measured
-    in this run: the median step before the first fault (`steady_window="before_first_fault"`)
-    or over every step interval of the run that spans no fault (`steady_window="run"`).
-    """
+    """The report of a finished or running run. The steady step time is `steady_step_time_s`
+    (a reference run's) or measured here per `steady_window`."""
     if timeline.t_start is None:
         raise ValueError("timeline has no run_started event; nothing to compute.")
     if steady_window not in STEADY_WINDOWS:

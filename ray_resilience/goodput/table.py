@@ -1,4 +1,4 @@
-"""Plain-text rendering of a GoodputReport (goodput.txt, logs, the issue's benchmark post)."""
+"""Plain-text rendering of a GoodputReport (goodput.txt, logs)."""
 
 from __future__ import annotations
 

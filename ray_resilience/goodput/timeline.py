@@ -1,9 +1,5 @@
-"""The run timeline: what happened when, on the supervisor's one clock.
-
-The supervisor owns one `RunTimeline` per run and feeds it as events arrive; `compute_goodput`
-turns it into a `GoodputReport` and `plot_timeline` into a picture. Every time is seconds on one
-monotonic clock (the supervisor's); times that workers measure must be converted to it before
-they are recorded. The recorder only validates and stores: all interpretation lives in goodput.
+"""The run timeline: what happened when, on the supervisor's one monotonic clock. The recorder
+only validates and stores; interpretation lives in `report.py`.
 """
 
 from __future__ import annotations
@@ -66,12 +62,8 @@ class FaultEvent:
 
 
 class RunTimeline:
-    """Recorder of one run's events; the supervisor calls one method per event.
-
-    Order of calls: `run_started` first; then any mix of the others; `run_finished` last. Times
-    may arrive slightly out of order (progress is reported in batches); readers sort by time.
-    Thread-safe (the supervisor actor is threaded); readers work on a `snapshot()`.
-    """
+    """Recorder of one run's events, one method per event, `run_started` first and
+    `run_finished` last; thread-safe. Times may arrive slightly out of order; readers sort."""
 
     def __init__(self) -> None:
         self.t_start: float | None = None
@@ -114,12 +106,8 @@ class RunTimeline:
         self.t_start, self.world_size, self.start_step = t, world_size, start_step
 
     def step_completed(self, step: int, t: float, world_size: int) -> None:
-        """Global step `step` finished at `t` on `world_size` ranks.
-
-        Call once per step the supervisor learns of (after a rollback the same step number comes
-        again, which is how redone steps show). Sparse sampling is fine: step times are derived
-        from (time delta / step delta) between consecutive events.
-        """
+        """Global step `step` finished at `t` on `world_size` ranks. A step number seen again
+        after a rollback is a redone step; sparse sampling is fine."""
         self._check_started(t)
         with self._lock:
             self.steps.append(StepEvent(step=step, t=t, world_size=world_size))
@@ -166,8 +154,7 @@ class RunTimeline:
             )
 
     def step_at_fault_is(self, fault_id: str, step: int) -> None:
-        """Steps completed before `fault_id` became known after it was recorded (their reports
-        were late): its step at fault is at least `step`."""
+        """Steps of `fault_id`'s attempt reported late: its step at fault is at least `step`."""
         with self._lock:
             fault = self.faults[fault_id]
             if step > fault.step_at_fault:
@@ -176,10 +163,7 @@ class RunTimeline:
     def recovery_phase(
         self, fault_id: str, phase: str, t_start: float, t_end: float, *, tier: str | None = None
     ) -> None:
-        """One recovery phase of `fault_id` ran from `t_start` to `t_end`.
-
-        `tier` says where checkpoint_load read from ("local", "memory" or "storage").
-        """
+        """One recovery phase of `fault_id`; `tier` says where checkpoint_load read from."""
         fault = self._fault(fault_id)
         if phase not in RECOVERY_PHASES:
             raise ValueError(f"phase={phase!r} is invalid; use one of {RECOVERY_PHASES}.")
@@ -190,8 +174,8 @@ class RunTimeline:
             fault.phases.append(PhaseEvent(phase=phase, t_start=t_start, t_end=t_end, tier=tier))
 
     def recovery_done(self, fault_id: str, t_first_step: float, resumed_from_step: int) -> None:
-        """After `fault_id`, training resumed from checkpoint `resumed_from_step` and completed
-        its first step at `t_first_step` (0 = restarted from scratch)."""
+        """After `fault_id`, training resumed from `resumed_from_step` and completed a step at
+        `t_first_step`."""
         fault = self._fault(fault_id)
         _check_time("t_first_step", t_first_step)
         with self._lock:

@@ -1,6 +1,5 @@
-"""Fault injection for tests and benchmarks: plans of faults, fired on the ranks' training threads.
-
-Pass a `FaultPlan` as `ResilienceConfig(fault_plan=...)`; each fault fires once at its step.
+"""Fault injection for tests and benchmarks: pass a `FaultPlan` as
+`ResilienceConfig(fault_plan=...)`; each fault fires once, on the rank's training thread.
 """
 
 from ray_resilience.testing.faults import Fault, FaultKind, FaultPlan, InjectedFault

@@ -1,10 +1,5 @@
-"""Fault plans: which fault fires on which rank at which step, explicit or generated.
-
-A `FaultPlan` is plain, immutable data. The driver builds it (by hand in a user's test, or with
-`FaultPlan.generate`, which reproduces the AWS/NVRx fault-recovery test case), the supervisor
-forwards it to every worker, and a worker fires a fault when its rank reaches the fault's step.
-A fault fires once per run: after a rollback the same step is trained again but the fault is not
-fired again (callers pass the ids already fired to `for_rank_step(..., exclude=...)`).
+"""Fault plans: which fault fires on which rank at which step, explicit or generated (the
+AWS/NVRx test case's schedule). A fault fires once per run, also when its step is trained again.
 """
 
 from __future__ import annotations
@@ -15,7 +10,7 @@ import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-#: Where in a rank's life a fault fires. Only "step" is wired today; the others are reserved.
+#: Where in a rank's life a fault fires.
 FAULT_PHASES: tuple[str, ...] = ("step", "init", "checkpoint_save", "checkpoint_load", "validation")
 
 
@@ -34,16 +29,12 @@ class FaultKind(str, enum.Enum):  # noqa: UP042 - StrEnum would change str(kind)
 
     @property
     def fired_in_worker(self) -> bool:
-        """True if the training thread fires it (`fault_injection.fire`); else the harness does."""
+        """True if the training thread fires it (`fire.fire`); else the harness does."""
         return self in _WORKER_KINDS
 
     @property
     def recorded_cause(self) -> str:
-        """The restart cause to record for this fault.
-
-        A SIGKILL from the OOM killer and one from `kill -9` look the same to the supervisor, so
-        the cause of an injected fault comes from the plan, not from the exit signal.
-        """
+        """The cause to record: the plan's, since an OOM kill and `kill -9` look alike."""
         return _RECORDED_CAUSES.get(self, self.value)
 
 
@@ -77,7 +68,7 @@ class Fault:
     kind: FaultKind
     """What happens; a plain string is converted."""
     phase: str = "step"
-    """Where in the rank's life it fires: one of FAULT_PHASES ("step" unless a later issue says)."""
+    """Where in the rank's life it fires: one of FAULT_PHASES."""
     index: int | None = dataclasses.field(default=None, compare=False)
     """1-based position in its plan, set by FaultPlan; only used to build `id`."""
 
@@ -90,8 +81,8 @@ class Fault:
 
     @property
     def id(self) -> str:
-        """Stable id for logs, metrics and goodput records, e.g. "f3@step120/rank1/sigkill"
-        (the third fault of its plan); a fault outside a plan has no number: "f@step120/..."."""
+        """Stable id for logs and goodput, e.g. "f3@step120/rank1/sigkill" ("f@..." outside a
+        plan)."""
         where = f"step{self.step}" if self.phase == "step" else f"{self.phase}{self.step}"
         prefix = f"f{self.index}" if self.index is not None else "f"
         return f"{prefix}@{where}/rank{self.rank}/{self.kind.value}"
@@ -125,12 +116,8 @@ class InjectedFault(RuntimeError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FaultPlan:
-    """An immutable, ordered set of faults for one run.
-
-    Faults are sorted by (step, rank, phase, kind) and numbered f1, f2, ... in that order, so
-    ids do not depend on the order they were listed in. The same (step, rank, phase, kind) twice
-    is an error: it could only ever fire once.
-    """
+    """An immutable, ordered set of faults for one run, sorted by (step, rank, phase, kind) and
+    numbered f1, f2, ... in that order; a duplicate is an error."""
 
     faults: tuple[Fault, ...] = ()
     """The faults; a list (of Fault or of dicts from `Fault.to_dict`) is accepted."""
@@ -173,11 +160,7 @@ class FaultPlan:
     def for_rank_step(
         self, rank: int, step: int, *, phase: str = "step", exclude: Collection[str] = ()
     ) -> list[Fault]:
-        """Faults due on `rank` at `step` in `phase`, minus the ids in `exclude`.
-
-        Called by the worker at every step; pass the ids already fired as `exclude` so a step
-        trained again after a rollback does not fire its fault again.
-        """
+        """Faults due on `rank` at `step` in `phase`, minus the ids already fired (`exclude`)."""
         return [
             f for f in self.faults
             if f.step == step and f.rank == rank and f.phase == phase and f.id not in exclude
@@ -216,13 +199,8 @@ class FaultPlan:
         kinds: Sequence[FaultKind | str],
         weights: Sequence[float] | None = None,
     ) -> FaultPlan:
-        """The AWS/NVRx fault-recovery test case's deterministic schedule, reproduced exactly.
-
-        `random.Random(seed)` draws `fault_count` distinct steps from after_step+1..max_steps
-        (sorted), then for each step in order a target rank `randint(1, world_size - 1)` (never
-        rank 0, which hosts the rendezvous) and a kind `choices(kinds, weights)`. The draw order
-        is part of the contract: the same arguments give the same plan as the reference script.
-        """
+        """The AWS/NVRx test case's deterministic schedule, drawn from `random.Random(seed)` in the
+        reference script's order (steps, then per step a rank other than 0 and a kind)."""
         _check_generate_args(fault_count, after_step, max_steps, world_size, kinds, weights)
         kind_list = [_as_kind(k, "kinds") for k in kinds]
         rng = random.Random(seed)

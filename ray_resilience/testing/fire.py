@@ -1,32 +1,9 @@
 """Firing a planned fault inside a worker process, on the training thread.
 
-`fire` is called by the worker's per-step hook at the moment a fault from the run's FaultPlan is
-due, after the caller has recorded the fault's wall time with the supervisor (a SIGKILL loses
-anything not sent yet). Each kind imitates a real failure as closely as one process can:
-
-- exception:   raise `InjectedFault` (what a bug in user code looks like).
-- hang:        a Python-level sleep loop. Ticks of HANG_TICK_S return to the interpreter between
-               sleeps, so an async exception (`PyThreadState_SetAsyncExc`, which is how an
-               in-process restart interrupts the training thread) ends it.
-- native_hang: one very long C-level sleep. The interpreter never regains control, so an async
-               exception is not delivered; like a rank stuck inside a collective or a CUDA call,
-               only killing the process (or a signal handler) ends it. The sleep releases the
-               GIL, so the actor still answers control calls and heartbeats keep flowing, as
-               with a real stuck collective. This is the case that forces the supervisor up
-               the recovery ladder from in-process restart to respawn.
-- sigkill:     `kill -9` of the own process: no Python cleanup, no last message.
-- oom:         the way the kernel OOM killer ends a process: SIGKILL. Memory is deliberately not
-               exhausted (that would hurt the other processes on a shared machine), so the exit
-               looks exactly like `sigkill`; the supervisor records cause "oom" from the plan
-               (`FaultKind.recorded_cause`).
-
-The other kinds (node_loss, writer_kill, storage_outage, corrupt_checkpoint) act on things the
-training thread does not own; the supervisor or the test harness fires them, and `fire` refuses
-them with `HarnessFaultError`.
-
-`stop_process` is a stronger variant of native_hang kept for harness use: SIGSTOP freezes every
-thread of the process, including the actor's control thread and the progress reporter, which is
-what a wedged machine looks like from outside.
+Each kind imitates a real failure: an exception; a Python-level hang (an async exception ends
+it); a native hang (one C-level sleep that only a kill ends, with the GIL released so heartbeats
+flow, like a stuck collective); SIGKILL; an OOM kill (also SIGKILL, without exhausting memory).
+Kinds that act outside the training thread are fired by the supervisor or the test harness.
 """
 
 from __future__ import annotations
@@ -58,11 +35,8 @@ class HarnessFaultError(NotImplementedError):
 
 
 def fire(fault: Fault) -> NoReturn:
-    """Fire `fault` in this process. Never returns: it raises, blocks forever, or kills.
-
-    Called on the training thread when the fault is due. The caller must have reported the
-    fault (id and time) to the supervisor already, because sigkill and oom end the process here.
-    """
+    """Fires `fault` here; never returns (it raises, blocks or kills). The caller reported the
+    fault to the supervisor first: sigkill and oom end the process."""
     if not fault.kind.fired_in_worker:
         raise HarnessFaultError(fault)
     _announce(fault)

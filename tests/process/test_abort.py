@@ -1,4 +1,4 @@
-"""Unblocking collectives and cleaning up between attempts (issue 4 sections 2 and 5).
+"""Unblocking collectives and cleaning up between attempts.
 
 Collective tests run two real gloo ranks as subprocesses (tests/support/abort_rank.py): rank 1 stops
 taking part, rank 0 blocks in a collective and a side thread calls ``CollectiveAborter.abort()``.

@@ -1,4 +1,4 @@
-"""Interrupting a training thread (issue 4 section 3): ``async_raise`` and its limits.
+"""Interrupting a training thread: ``async_raise`` and its limits.
 
 A thread hung in Python code is interrupted within milliseconds; a thread inside one native call
 (``time.sleep``, a lock, a collective) only when that call returns, which is why the worker pairs

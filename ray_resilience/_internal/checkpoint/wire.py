@@ -1,7 +1,5 @@
 """Records that travel between ranks, writers and the commit coordinator (all picklable).
-
-Importing this module does not import torch: the coordinator and writers start without it and
-import it when they first unpickle a record holding DCP items.
+Importing it imports no torch: DCP types load when a record holding them is unpickled.
 """
 
 from __future__ import annotations
@@ -35,8 +33,8 @@ def item_nbytes(item: WriteItem) -> int:
 
 
 def layout_key(items: list[WriteItem]) -> tuple:
-    """What a snapshot must match to be copied straight into a rank's state: names, offsets,
-    shapes and dtypes of every item."""
+    """What a snapshot must match to be copied into a rank's state (names, offsets, shapes,
+    dtypes)."""
     return tuple(
         (i.index.fqn, tuple(i.index.offset or ()), i.type.value,
          tuple(i.tensor_data.chunk.sizes) if i.tensor_data else (),
@@ -45,8 +43,7 @@ def layout_key(items: list[WriteItem]) -> tuple:
 
 
 NEED_PLAN = "need_plan"
-"""A writer's answer to a ticket without items whose plan it does not hold (it was replaced, or
-the plan is new to it): the rank sends the ticket again with them."""
+"""A writer's answer to a ticket naming a plan it does not hold: send it again with the items."""
 
 
 @dataclasses.dataclass
@@ -58,8 +55,7 @@ class SaveTicket:
     rank: int
     world_size: int
     items: list[WriteItem] | None
-    """Every local item, in payload order (tensor items by `arrays`, byte items by `blobs`).
-    None on the wire once this rank's writer holds the plan (`plan_id`): the writer fills it in."""
+    """Every local item in payload order; None on the wire once the writer holds the plan."""
     owned: list[bool]
     """Per item: this rank writes it to storage (replicated items are written by one rank)."""
     planner_data: dict | None
@@ -80,10 +76,8 @@ class SaveTicket:
 
 @dataclasses.dataclass
 class ShardPayload:
-    """A rank's snapshot: the bytes of its tensor items in one flat uint8 array (item i at
-    `spans[i]` = (offset, nbytes)), its byte items, its extra state. One array rather than one
-    per tensor: putting it into Ray's object store serializes one buffer (84 separate arrays of
-    a small model cost the sending thread 3 ms of GIL per save, one array 1 ms)."""
+    """A rank's snapshot: its tensor bytes in one flat uint8 array (item i at `spans[i]`), its
+    byte items and extra state."""
 
     data: np.ndarray
     spans: list[tuple[int, int]]

@@ -1,32 +1,7 @@
 """Unblocking every collective of this process from any thread, within milliseconds.
 
-Measured on torch 2.13 + gloo (tests/process/test_abort.py keeps these facts honest):
-- ``ProcessGroup.abort()``/``shutdown()`` and ``destroy_process_group()`` from another thread
-  return, but a rank blocked in a gloo collective keeps waiting until the process-group timeout;
-- ``shutdown(SHUT_RDWR)`` on gloo's peer connections makes the blocked call raise
-  ``RuntimeError: ... Connection closed by peer`` within milliseconds (~10-30 ms here, most of
-  it reading /proc), and the process and its TCPStore stay usable; sockets that existed before
-  the snapshot (Ray's) are never touched (``_internal/sockets.py`` says how gloo's connections are
-  found, and why shutting down anything else is dangerous);
-- gloo opens a group's connections when the group is created (measured for
-  ``init_process_group`` and ``new_group``), not at the first collective, and a 1-D device mesh
-  over the world reuses the default group. Connections are looked up again at abort time, so
-  groups created after ``mark_initialized`` (device-mesh subgroups) are covered too.
-For NCCL the backend's own abort (``ncclCommAbort``) does the job; that path is guarded by
-backend and untested on CPU machines.
-
-Call order (the worker; process-wide calls once, the rest per attempt):
-    freeze_startup_objects()                         # once, after imports (pg_teardown.py)
-    aborter = CollectiveAborter()                    # once
-    aborter.snapshot_before_init(store_port=port)    # before init_process_group
-    dist.init_process_group(..., timeout=pg_timeout())
-    aborter.mark_initialized()                       # after it; checks the mechanism can work
-    ... training thread runs ...
-    async_raise(train_thread.ident)                  # hang in Python only (interrupt.py)
-    aborter.abort()                                  # from ANY thread; never raises
-    ... join the training thread, drop model, optimizer, exceptions ...
-    teardown_process_groups()                        # pg_teardown.py
-    aborter.reset()                                  # then the next attempt's snapshot
+gloo: shut down its peer connections (``gloo_sockets.py``); NCCL: ``ncclCommAbort`` (untested on
+CPU). Why and the call order in a rank: docs/design.md, section 5.
 """
 
 from __future__ import annotations
@@ -67,12 +42,8 @@ class AbortReport:
 
 
 class CollectiveAborter:
-    """Makes every collective blocked in this process fail now, from any thread.
-
-    One per process, reused across attempts. Thread-safe: ``abort()`` may race with the training
-    thread and with itself. It neither destroys process groups nor frees memory: after it, the
-    training thread unwinds with an exception, and ``teardown_process_groups()`` cleans up.
-    """
+    """Makes every collective blocked in this process fail now, from any thread; one per process,
+    reused across attempts. It frees nothing: ``teardown_process_groups()`` does."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -81,11 +52,8 @@ class CollectiveAborter:
         self._aborted = threading.Event()
 
     def snapshot_before_init(self, *, store_port: int | None = None) -> None:
-        """Records the sockets that exist before torch.distributed starts; they are never touched.
-
-        Call right before ``init_process_group``. Pass the rendezvous (MASTER_PORT) port when it is
-        known already, so an abort that arrives during initialization spares the store.
-        """
+        """Records the sockets that exist before ``init_process_group``; they are never touched.
+        Pass the rendezvous port when known, so an abort during initialization spares the store."""
         with self._lock:
             self._baseline = sockets.socket_inodes()
             self._store_ports = frozenset() if store_port is None else frozenset({store_port})
@@ -93,12 +61,8 @@ class CollectiveAborter:
 
     def mark_initialized(self, store_port: int | None = None) -> int:
         """Call after ``init_process_group``; returns the gloo connections an abort would shut.
-
-        The default group's TCPStore port is detected; pass ``store_port`` for other stores. Logs
-        an error when the default group uses gloo across ranks and none is found: the
-        mechanism no longer works on this torch, and aborts fall back to the process-group
-        timeout.
-        """
+        Logs an error when a multi-rank gloo group has none: aborts then fall back to the
+        timeout."""
         with self._lock:
             if self._baseline is None:
                 raise RuntimeError("call snapshot_before_init() before init_process_group()")
@@ -119,16 +83,9 @@ class CollectiveAborter:
         return self._aborted.is_set()
 
     def abort(self, *, include_store: bool = False) -> AbortReport:
-        """Shuts gloo's connections and aborts NCCL communicators; never raises.
-
-        Safe to call more than once and before ``mark_initialized`` (connections are looked up
-        now). Blocked collectives raise ``RuntimeError`` in their threads; the process groups are
-        unusable afterwards and must be torn down before the next attempt. ``include_store`` also
-        shuts this process's TCPStore client connections, which unblocks a rank waiting in
-        rendezvous (``init_process_group``/``new_group`` wait on the store for absent peers;
-        measured: ``DistNetworkError`` within ~20 ms). Only when the store is not reused by the
-        next attempt: it is left unusable. The store's server side is never touched.
-        """
+        """Shuts gloo's connections and aborts NCCL communicators; never raises, safe to repeat.
+        The groups must be torn down afterwards. ``include_store`` also cuts the TCPStore client
+        connections, which unblocks a rendezvous (only when the store is not reused)."""
         start = time.monotonic()
         self._aborted.set()
         errors: list[str] = []
@@ -178,12 +135,8 @@ def _uses_gloo_across_ranks() -> bool:
 
 
 def _abort_nccl(errors: list[str]) -> int:
-    """``ncclCommAbort`` on every group when any uses NCCL (untested here: needs a GPU).
-
-    torch's ``_abort_process_group()`` aborts all communicators inside one NCCL group call (aborts
-    of separate communicators could otherwise deadlock each other) and unregisters every group, so
-    teardown afterwards finds nothing left to destroy.
-    """
+    """``ncclCommAbort`` on every group when any uses NCCL (untested: needs a GPU), in
+    one NCCL group call, as torch's ``_abort_process_group()`` does."""
     try:
         if not (dist.is_available() and dist.is_initialized()):
             return 0

@@ -1,22 +1,8 @@
 """Finding and shutting down gloo's TCP connections from /proc (Linux only).
 
-Why this exists: on torch 2.13 + gloo, nothing in torch.distributed unblocks a rank that waits in
-a collective (``ProcessGroup.abort()``/``shutdown()`` and ``destroy_process_group()`` from another
-thread return, and the collective still waits for its full timeout). ``shutdown(SHUT_RDWR)`` on
-gloo's connected sockets makes the blocked call fail within milliseconds with "Connection closed
-by peer", and the process stays healthy. Shutting down gloo's *listening* socket terminates the
-process, and shutting down Ray's gRPC connections would break the actor, so the selection must be
-exact.
-
-How gloo's sockets are told apart (measured on torch 2.13): every gloo process group owns a
-device with its own epoll loop; that epoll set holds the device's wakeup pipe, its listening
-socket and every connection to a peer (both the ones it accepted and the ones it opened), for as
-long as the group lives. The TCPStore client is a blocking socket in no epoll set; the libuv
-TCPStore server (on the rank that hosts the store) has its own epoll set whose listener is on the
-store port. Ray's gRPC epoll set holds sockets that existed before torch.distributed started. So a
-gloo connection is a non-listening TCP socket in an epoll set that also holds a listening socket
-created after the snapshot, not on a store port, and holds no socket from before the snapshot.
-``/proc/self/fdinfo/<epoll fd>`` lists the registered descriptors ("tfd:" lines).
+A gloo connection: a non-listening TCP socket in an epoll set that also holds a listening socket
+created after the pre-init snapshot, not on a store port, and no socket from before it. Why the
+selection must be exact: docs/design.md, section 5.
 """
 
 from __future__ import annotations
@@ -125,11 +111,8 @@ def _epoll_sets() -> list[list[int]]:
 
 
 def find_gloo_sockets(baseline: frozenset[int], store_ports: frozenset[int]) -> list[TcpSocket]:
-    """gloo's peer connections: see the module docstring for the rule and why it is exact.
-
-    ``baseline`` is ``socket_inodes()`` from before the first process group was created;
-    ``store_ports`` are the ports of every TCPStore in use (their sockets are never returned).
-    """
+    """gloo's peer connections. ``baseline``: ``socket_inodes()`` before the first group;
+    ``store_ports``: every TCPStore's port (their sockets are never returned)."""
     sockets = tcp_sockets()
     found: list[TcpSocket] = []
     for targets in _epoll_sets():
@@ -151,12 +134,8 @@ def find_store_client_sockets(baseline: frozenset[int], store_ports: frozenset[i
 
 
 def shutdown_socket(sock: TcpSocket) -> bool:
-    """``shutdown(SHUT_RDWR)`` on a socket someone else owns; never closes their descriptor.
-
-    Works on a duplicate of the descriptor (shutdown acts on the shared socket) and checks the
-    inode first, so a descriptor number reused since the scan is left alone. Returns False when
-    the socket is already gone.
-    """
+    """``shutdown(SHUT_RDWR)`` on someone else's socket, through a duplicate descriptor, after
+    checking the inode (the number may be reused); False when the socket is gone."""
     try:
         dup = os.dup(sock.fd)
     except OSError:

@@ -1,10 +1,5 @@
-"""Giving freed heap memory back to the OS between attempts.
-
-Measured here (100 in-process restarts of a 2-rank FSDP2 job, glibc 2.36): the live heap grows by
-~2 MB in all, but glibc keeps the memory each attempt's model, optimizer and process groups freed
-in its arenas (free but resident: 12 MB after the first attempt, 70 MB after the hundredth), so
-the resident size of a worker climbs ~15% before it levels off. `malloc_trim(0)` after an
-attempt's teardown returns those free pages to the OS. Not glibc (musl, macOS): nothing to do.
+"""Giving freed heap memory back to the OS between attempts (`malloc_trim`, glibc only):
+glibc keeps what each attempt freed resident in its arenas (docs/design.md, section 5).
 """
 
 from __future__ import annotations

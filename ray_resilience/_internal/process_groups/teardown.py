@@ -1,10 +1,5 @@
-"""Releasing everything torch.distributed holds from one attempt, so the next starts clean.
-
-Destroying the groups is not enough on torch 2.13: module globals kept an old attempt's group
-alive with its sockets and threads (``_internal/torch_globals.py`` says which, and how it was
-measured), and FSDP2 modules sit in reference cycles that only a full collection frees. The soak
-in tests/process/test_abort.py checks that descriptors, OS threads and device meshes return to their
-level after every attempt.
+"""Releasing everything torch.distributed holds from one attempt, so the next starts clean:
+groups destroyed, module globals released (``torch_globals.py``), a full collection.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ class TeardownReport:
     globals_released: tuple[str, ...]
     """torch.distributed caches emptied and default group arguments reset (qualified names)."""
     device_meshes_alive: int
-    """DeviceMesh objects alive after gc (0 when not counted). Non-zero: something still holds
-    the old model, optimizer or a mesh (``surviving_mesh_holders`` names the holders' types)."""
+    """DeviceMesh objects alive after gc (0 when not counted); non-zero: a leak."""
     surviving_mesh_holders: tuple[str, ...]
     heap_released_bytes: int
     """Resident bytes the allocator gave back to the OS after collection (see ``heap.py``)."""
@@ -59,17 +53,8 @@ def resource_counts() -> ResourceCounts:
 
 
 def freeze_startup_objects(*, collect: bool = True) -> int:
-    """Moves every object the collector tracks now out of its sight; returns how many.
-
-    Call once per worker process, after imports and before the first attempt. Teardown needs a
-    full ``gc.collect()`` (FSDP modules sit in reference cycles, and until they are collected the
-    old process group keeps its sockets and threads); with torch imported that pass walks ~240k
-    import-time objects: ~100 ms idle, ~180 ms with two ranks sharing 2 cores, measured here.
-    Frozen, they are skipped and the pass costs milliseconds. Never call it after an attempt has
-    started: whatever is alive then (the model) would never be collected. `collect=False` skips
-    the full pass that first frees garbage cycles (on a critical path: right after imports it
-    finds ~200 objects, 0.16 s spent for a few kilobytes that then stay frozen).
-    """
+    """Moves every object the collector tracks now out of its sight; returns how many. Call
+    once, after imports and before the first attempt (later, the model would never be collected)."""
     if collect:
         gc.collect()
     gc.freeze()
@@ -77,14 +62,8 @@ def freeze_startup_objects(*, collect: bool = True) -> int:
 
 
 def teardown_process_groups(*, count_meshes: bool = True) -> TeardownReport:
-    """Destroys every process group, drops torch's module-level references to it, runs gc.
-
-    Call after ``CollectiveAborter.abort()`` (or a clean finish), after the training thread has
-    ended and the worker dropped its references to the model, optimizer and any exception
-    (tracebacks hold the frames that hold the model). Safe when nothing is initialized, and after
-    an NCCL abort that already unregistered the groups. ``count_meshes`` walks every object the
-    collector tracks (cheap after ``freeze_startup_objects``, ~120-230 ms here without it).
-    """
+    """Destroys every process group, releases torch's module-level references, runs gc. Call
+    after the abort, once the training thread ended and the model and exceptions are dropped."""
     start = time.monotonic()
     groups = _destroy_all_groups()
     released = release_attempt_globals()

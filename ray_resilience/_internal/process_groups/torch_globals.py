@@ -1,31 +1,6 @@
-"""torch.distributed module globals that pin an old attempt's process group, and their release.
-
-Measured on torch 2.13 (2 ranks, gloo, FSDP2 + AdamW): after ``destroy_process_group()`` and
-``gc.collect()`` an attempt's group could stay alive with its gloo device (listener, epoll, wakeup
-pipe), its TCPStore connection (5 descriptors on a non-host rank; on rank 0 also the store server)
-and its threads. Two different holders, both module globals:
-
-1. Default arguments bound at import time. ``torch.distributed.nn.functional`` declares
-   ``def all_reduce(tensor, op=..., group=group.WORLD)`` and friends. ``group.WORLD`` is ``None``
-   before ``init_process_group`` and the default group after it, so when that module is first
-   imported during an attempt (``from torch.distributed.fsdp import fully_shard`` inside the train
-   function pulls it in through ``torch.distributed._shard``), the attempt's group is pinned in
-   ``__defaults__`` for the life of the process. ProcessGroup objects are not tracked by the
-   garbage collector (and a tuple holding only such objects is untracked too), so
-   ``gc.get_referrers`` cannot see this holder: it was found by bisecting imports.
-2. DTensor's caches keyed by ``DeviceMesh``/``DTensorSpec``: ``_redistribute._planner_cache``
-   (a weak-reference key, but the cached planner holds the mesh strongly), ``functools`` caches
-   such as ``_redistribute._gen_transform_infos``, ``MeshTopoInfo.build_from_mesh`` and
-   ``ShardingPropagator._propagate_tensor_meta_cached``, and the C++ dispatch fast-path cache. A
-   ``DeviceMesh`` equals another with the same ranks, layout and creating thread id, so a new
-   attempt either hits the old entry (the old mesh stays, cached specs point at it) or, when its
-   training thread got another id, adds one more: hence "one old mesh every few restarts".
-
-``release_attempt_globals`` resets such defaults to ``None`` (what a pre-init import gives) and
-empties the caches (performance caches, refilled within a step). It walks the modules instead of
-naming entries, so a holder of the same kind added by a torch upgrade is released too. DTensor's
-Python propagation cache is a ``threading.local``: the training thread's copy dies with that
-thread, which is one reason the worker runs each attempt in a fresh thread and joins it first.
+"""torch.distributed module globals that pin an old attempt's process group, and their release:
+default arguments bound to ``group.WORLD`` at import time, and DTensor caches keyed by meshes
+(docs/design.md, section 5).
 """
 
 from __future__ import annotations
@@ -48,12 +23,8 @@ _NAMED_CLEARERS = (
 
 
 def release_attempt_globals() -> list[str]:
-    """Drops every module-level reference torch.distributed keeps to groups and meshes.
-
-    Call after all process groups are destroyed. Returns the qualified names released. Touches
-    members with ``type()`` only, never ``getattr``/``isinstance``: some module members are lazy
-    proxies that warn when probed.
-    """
+    """Drops every module-level reference torch.distributed keeps to groups and meshes; returns
+    their qualified names. Probes members with ``type()`` only: some are lazy proxies that warn."""
     released: list[str] = []
     for name, module in list(sys.modules.items()):
         if module is None or not name.startswith(_MODULE_PREFIX):

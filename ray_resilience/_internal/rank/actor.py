@@ -1,10 +1,6 @@
 """The rank actor's class as the supervisor sees it: creating it imports nothing heavy.
 
-`WorkerGroup` turns `WorkerActor` into a Ray actor. The supervisor only creates and calls rank
-actors, so it never needs torch, FSDP or the user's training code (importing them cost it 3-5 s
-here before every run could start). The actor process builds the real `Worker` in `__init__`,
-on its creation thread, before any other call runs, and every method hands over to it. The
-train function arrives as cloudpickle bytes for the same reason: only the ranks unpickle it.
+The actor process builds the real `Worker` in `__init__`; the supervisor never imports torch.
 """
 
 from __future__ import annotations
@@ -19,8 +15,7 @@ class WorkerActor:
 
     def __init__(self, train_fn: bytes, train_config: dict[str, Any] | None,
                  supervisor: Any) -> None:
-        # A process booted ahead of time may still be importing in the background: this thread
-        # imports nothing until it has finished (never two threads in the same imports).
+        # Wait for a background pre-import: never two threads in the same imports.
         self._preimport_wait_s = preimport.claim()
         from ray import cloudpickle  # noqa: PLC0415 - only after claim(), see above
 

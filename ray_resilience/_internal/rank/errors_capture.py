@@ -22,8 +22,7 @@ def _user_frames(exc: BaseException) -> str:
 def describe(exc: BaseException, rank: int, attempt: int) -> WorkerError:
     """Type, message and traceback always travel; the exception itself when it pickles."""
     try:
-        # Exceptions whose __init__ takes other arguments than .args fail to rebuild on the
-        # other side; copy.copy goes through the same __reduce__ path, in memory.
+        # copy.copy takes the same __reduce__ path as unpickling on the other side.
         pickle.dumps(exc)
         copy.copy(exc)
         cause: BaseException | None = exc

@@ -6,11 +6,8 @@ import torch
 
 
 def cuda_health(device_index: int = 0) -> str | None:
-    """None if the GPU answers (a sync and a tiny kernel with its result read back), else why.
-
-    A GPU that hit an Xid error or a sticky CUDA error fails here; that rank then gets a fresh
-    process (in-job respawn) instead of re-entering training on a broken context.
-    """
+    """None if the GPU answers (a sync and a tiny kernel read back), else why: a broken
+    context (Xid, sticky CUDA error) sends the rank to a fresh process."""
     if not torch.cuda.is_available():
         return "CUDA is not available in this process"
     try:

@@ -1,14 +1,7 @@
-"""Interrupting a training thread that is stuck in Python code.
+"""Interrupting a training thread stuck in Python code (``PyThreadState_SetAsyncExc``).
 
-``async_raise`` schedules an exception in another thread with ``PyThreadState_SetAsyncExc``. The
-interpreter delivers it the next time that thread executes Python bytecode, which covers hangs in
-Python (a ``while not ready: time.sleep(0.1)`` loop, a slow data loader written in Python). It
-does NOT cover a thread blocked inside one native call: ``time.sleep(600)``, an un-timed
-``threading.Lock.acquire()`` (a deadlock waits in ``sem_wait``), or a gloo/NCCL collective. The
-exception stays pending until that call returns. For collectives, pair it with
-``CollectiveAborter.abort()`` (the call then fails and the pending exception fires right after);
-anything else blocked natively is the case the supervisor escalates to a respawn after the hard
-timeout.
+Delivered at the thread's next bytecode: not while it is blocked in one native call (a sleep, a
+lock, a collective). Pair it with ``CollectiveAborter.abort()`` for collectives.
 """
 
 from __future__ import annotations
@@ -23,26 +16,15 @@ T = TypeVar("T")
 
 
 class TrainingInterrupted(BaseException):
-    """Raised inside the training thread when the worker stops the current attempt.
-
-    A ``BaseException`` (like ``KeyboardInterrupt``), not an ``Exception``: training code and
-    libraries are full of ``except Exception:`` blocks (retry loops, "log and continue" around a
-    data batch) that would swallow the interrupt and keep the hung attempt running. ``finally``
-    blocks and context managers still run, so locks, files and ``with mesh:`` scopes unwind
-    cleanly. Not a subclass of ``KeyboardInterrupt``/``SystemExit``: those mean "the user
-    cancelled" / "the process exits" to Ray and to other libraries, and this means neither. The
-    worker's wrapper must catch it explicitly. ``PyThreadState_SetAsyncExc`` instantiates the class
-    without arguments, so the constructor takes none that are required.
-    """
+    """Raised in the training thread when the worker stops the attempt: a ``BaseException``,
+    so ``except Exception:`` in user code cannot swallow it. Takes no required arguments."""
 
     def __init__(self, reason: str = "the attempt was interrupted by the worker") -> None:
         super().__init__(reason)
         self.reason = reason
 
 
-# The thread id is `unsigned long` in CPython >= 3.7. Two prototypes of the same C function:
-# passing None through a `py_object` argument would send Py_None, but clearing a pending
-# exception needs a real NULL pointer. PYFUNCTYPE keeps the GIL held, as the C API requires.
+# Two prototypes: clearing needs a real NULL, not Py_None. PYFUNCTYPE keeps the GIL held.
 _SET_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
     ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
 _CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
@@ -50,12 +32,7 @@ _CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void
 
 
 def async_raise(thread_ident: int, exc_type: type[BaseException] = TrainingInterrupted) -> bool:
-    """Schedules ``exc_type()`` in the thread ``thread_ident``; True if it was scheduled.
-
-    Returns False when no live Python thread has that id (it already finished). Delivery is
-    asynchronous: see the module docstring for when it arrives and when it cannot. Calling it on
-    the current thread raises at the caller's next bytecode, which is legal but rarely useful.
-    """
+    """Schedules ``exc_type()`` in thread ``thread_ident``; False when no such live thread."""
     if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
         raise TypeError(f"exc_type must be an exception class, got {exc_type!r}")
     modified = _SET_ASYNC_EXC(ctypes.c_ulong(thread_ident), exc_type)
@@ -68,25 +45,14 @@ def async_raise(thread_ident: int, exc_type: type[BaseException] = TrainingInter
 
 
 def cancel_async_raise(thread_ident: int) -> bool:
-    """Clears an exception scheduled by ``async_raise`` that has not been delivered yet.
-
-    For a worker that interrupted a thread which then finished on its own: the wrapper should not
-    receive a stale interrupt in its clean-up code. True if the thread exists.
-    """
+    """Clears an undelivered ``async_raise`` (the thread finished on its own); True if it exists."""
     return _CLEAR_ASYNC_EXC(ctypes.c_ulong(thread_ident), None) == 1
 
 
 
 def capture_outcome(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
-    """Runs ``fn`` here; returns ``(result, None)`` or ``(None, exception)``, never raises.
-
-    The body for a training thread that may be interrupted. An interrupt scheduled while ``fn``
-    sat in native code (a collective) is delivered at the first bytecode after that call fails,
-    which may be inside the handler that is recording the collective's error; the outer handler
-    catches that late arrival, so the thread never dies with an unrecorded exception. One
-    delivered after this function returned lands in the caller's code: keep the thread's body
-    after it minimal, or call ``cancel_async_raise`` once the outcome is in.
-    """
+    """Runs ``fn``; ``(result, None)`` or ``(None, exception)``, never raises, also when the
+    interrupt lands while the handler records a collective's error."""
     try:
         try:
             return fn(), None

@@ -1,41 +1,6 @@
-"""Rank processes that import torch before they are needed, at idle CPU priority.
-
-A rank respawned without a warm spare gets a new actor in a new Python process, which must
-import torch, DTensor, DCP and FSDP2's dynamo hooks before it can join (2.5-3 s of the 4 s a
-SIGKILL cost here). `prestart.py` already has the raylet boot an idle worker process on the
-rank's node ahead of time; this module makes that process do the imports too, so the
-respawned rank's actor starts in a process that already has them.
-
-How: every rank actor is created with a runtime env whose `env_vars` carry Ray's worker setup
-hook variable pointing at `setup` below (Ray's `worker_process_setup_hook` mechanism, which Ray
-itself only exposes job-wide), and the prestarted workers are asked for with that same runtime
-env, so only rank actors and warm spares ever take them. The raylet runs `setup` in each such
-process as it boots, before the process serves any task. `setup` starts one background thread
-that imports the modules at Linux's SCHED_IDLE priority: it only uses CPU that nothing else on
-the node wants, so on a busy node it costs training nothing (a 2-core node running two ranks
-took 3.3 CPU-seconds of imports per process). The actor's `__init__` waits for that thread
-(`claim`) before it imports anything, so two threads never import the same
-modules at once; at a respawn the node's other ranks wait in the rendezvous and the idle
-thread gets the CPU it needs. numpy and pyarrow start their own helper threads (OpenBLAS,
-jemalloc) when imported: they are imported on the calling thread first, so those threads keep
-normal priority.
-
-The background import runs only once the supervisor has switched it on for the run (a key in
-Ray's internal KV, named by `PREIMPORT_KEY_ENV`), which it does right before it first asks for
-prestarted workers, after the run's first step: the ranks' first processes start while the
-writers import torch on the same node, and an idle-priority import there would only start
-after theirs. Warm spares do not carry the hook: they must be ready early and import at normal
-priority as before.
-
-A prestarted process no rank took exits once its run has ended (the supervisor switches the
-key off at shutdown), so a driver that runs many fits does not collect idle processes.
-
-A job-level setup hook of the user's (`ray.init(runtime_env={"worker_process_setup_hook": ...})`)
-would be overridden by ours in the rank actors' env; the supervisor passes it on in
-`USER_HOOK_ENV` and `setup` runs it first, as Ray would have.
-
-Nothing here may fail a worker: an error in our part is logged and the process carries on
-(the actor then imports what it needs itself).
+"""Ray's worker setup hook for rank processes: a prestarted process imports torch and the rank's
+modules in the background at idle CPU priority, so a respawned rank's actor finds them imported
+(docs/design.md, section 6). Nothing here may fail a worker: errors are logged.
 """
 
 from __future__ import annotations
@@ -73,27 +38,24 @@ PREIMPORT_MODULES = (
     "torch.distributed.tensor",
     "torch.distributed.fsdp",
     "torch.distributed.checkpoint",
-    "torch._dynamo",  # FSDP2's first fully_shard imports it (0.5-0.6 s here)
+    "torch._dynamo",  # FSDP2's first fully_shard imports it
     "ray_resilience._internal.rank.worker",
     "ray_resilience._internal.checkpoint.rank.loader",
 )
 """What a rank needs before its first step, in import order."""
 
 _NORMAL_PRIORITY_MODULES = ("numpy", "pyarrow")
-"""Imported on the calling thread: they start helper threads, which inherit the importing
-thread's scheduling policy."""
+"""Imported on the calling thread: their helper threads inherit its scheduling policy."""
 
 _thread: threading.Thread | None = None
 _claimed = threading.Event()
 stats: dict[str, Any] = {}
-"""What the preimport did in this process: `started`, `ended` (wall clock), `seconds`,
-`policy` ("idle", "nice" or "normal"), `error` (a message, when something failed)."""
+"""What the preimport did here: `started`, `ended`, `seconds`, `policy`, `error`."""
 
 
 def rank_env_vars(user_env: dict[str, str] | None, key: str) -> dict[str, str]:
-    """The env vars of every rank actor: the user's, the setup hook, the run's switch `key`,
-    and the job's own hook (read from this process's env, which Ray built from the job's
-    runtime env) to chain."""
+    """Every rank actor's env vars: the user's, the setup hook, the run's switch `key`, and the
+    job's own hook to chain."""
     env = dict(user_env or {})
     env[HOOK_ENV] = HOOK
     env[PREIMPORT_KEY_ENV] = key
@@ -131,9 +93,7 @@ def setup() -> None:
 
 
 def _exit_when_run_ends(key: str) -> None:
-    """A prestarted process no rank took by the end of its run would sit idle with torch's
-    memory until Ray's keep-alive (a day) ran out, once per run in a driver that calls fit()
-    many times: once the supervisor has switched the run's key off, it exits."""
+    """Exits an unclaimed prestarted process once the supervisor switched its run's key off."""
     from ray.experimental.internal_kv import _internal_kv_get  # noqa: PLC0415 - Ray-private: may not fail the hook
 
     interval_s = env_float(PREIMPORT_WATCH_INTERVAL_ENV_VAR, DEFAULT_PREIMPORT_WATCH_INTERVAL_S)
@@ -148,8 +108,7 @@ def _exit_when_run_ends(key: str) -> None:
 
 
 def switch(key: str, on: bool) -> bool:
-    """Turns the background import of the run `key` on or off (in the processes that boot from
-    now on); False when the KV could not be reached (logged)."""
+    """Turns the background import of run `key` on or off; False when the KV was unreachable."""
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put  # noqa: PLC0415 - Ray-private: may not fail the hook
 
     try:
@@ -179,9 +138,8 @@ def start_preimport(modules: tuple[str, ...] = PREIMPORT_MODULES) -> None:
 
 
 def claim() -> float:
-    """Called by a rank actor as it starts in this process: the process is no longer idle (its
-    run-end watcher stops), and this blocks until the background import (if one was started)
-    has ended; returns the seconds waited."""
+    """Marks the process as taken by a rank and waits for the background import; returns the
+    seconds waited."""
     _claimed.set()
     thread = _thread
     if thread is None or not thread.is_alive():

@@ -1,7 +1,5 @@
-"""The side thread that forwards a rank's progress to the supervisor at a fixed interval.
-
-The training thread only appends to the session's queue; this thread drains it and sends one
-fire-and-forget RPC per interval (also when nothing changed: that is the heartbeat).
+"""The side thread that forwards a rank's progress to the supervisor: one fire-and-forget RPC per
+interval, also when nothing changed (the heartbeat).
 """
 
 from __future__ import annotations

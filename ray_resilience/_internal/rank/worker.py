@@ -1,9 +1,5 @@
-"""The worker actor: hosts one rank, runs the user's train function in its own thread.
-
-A plain class, wrapped with `ray.remote` where it is created, so tests can drive it without
-Ray. The actor is threaded: `run_attempt` blocks until the training thread ends while status
-and control calls (`interrupt`, `info`) are still served. The process, its imports and (on GPU)
-its CUDA context survive from one attempt to the next; only torch.distributed is rebuilt.
+"""The rank's actor: runs the user's train function in its own thread, one attempt at a time,
+while status and control calls are served. Only torch.distributed is rebuilt between attempts.
 """
 
 from __future__ import annotations
@@ -22,9 +18,8 @@ import torch
 import torch.distributed as dist
 from ray import cloudpickle
 
-# Imported here, while the actor is created on one thread: Ray deserializes call arguments
-# (which hold checkpoint specs) on other threads, and two threads entering these modules'
-# import at once can see them half-initialized.
+# Imported while the actor is created on one thread: Ray deserializes call arguments on
+# others, and two threads importing a module at once can see it half-initialized.
 import ray_resilience._internal.checkpoint.service.service  # noqa: F401 - see above
 from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec
 from ray_resilience._internal.checkpoint.rank.loader import warm_restore_path
@@ -53,10 +48,8 @@ from ray_resilience.testing.fire import fire
 
 
 def _wait_listening(host: str, port: int, timeout_s: float) -> None:
-    """Returns once rank 0's store accepts connections (or at the timeout; the store then
-    reports the failure). A TCPStore client that finds no server yet backs off for 0.3-0.7 s
-    (measured here, torch 2.13): without this, every restart in which a peer reached the
-    rendezvous before rank 0 paid that."""
+    """Returns once rank 0's store accepts connections, or at the timeout: a store client that
+    finds no server backs off 0.3-0.7 s."""
     deadline = time.monotonic() + timeout_s
     interval_s = env_float(STORE_PROBE_INTERVAL_ENV_VAR, DEFAULT_STORE_PROBE_INTERVAL_S)
     while True:
@@ -70,8 +63,8 @@ def _wait_listening(host: str, port: int, timeout_s: float) -> None:
 
 
 def _serialized_runtime_env() -> str | None:
-    """This actor's runtime env as the raylet keys its worker processes by (None if Ray's
-    internals moved: prestarted workers are then not asked for)."""
+    """This actor's runtime env as the raylet keys worker processes (None if Ray's internals moved).
+    """
     try:
         return ray._private.worker.global_worker.core_worker.get_current_runtime_env()
     except Exception:  # noqa: BLE001 - an optimization's input
@@ -100,7 +93,6 @@ class Worker:
         self._fired: set[str] = set()
         self._checkpointer: Any = None
 
-    # --- status and control calls (served while training runs) ------------------------------
 
     def info(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
@@ -109,16 +101,9 @@ class Worker:
                 "runtime_env": _serialized_runtime_env()}
 
     def prewarm(self) -> None:
-        """Imports what every attempt needs, runs one FSDP2 step and one checkpoint restore on
-        a toy model, and freezes start-up objects out of the collector.
-
-        Called on every new actor right after it starts (before its first attempt, which waits
-        for it): the first step and restore in a process import more modules lazily (e.g.
-        torch._dynamo), and an interrupt that lands inside a first-time import leaves a
-        half-initialized module behind for every later attempt of the process (seen here: an
-        init-phase fault's restart broke every later attempt). A warm spare taking over a dead
-        rank has all of it done (1.5-2 s on a busy 2-core machine). Safe to call more than once.
-        """
+        """Imports what every attempt needs, runs one FSDP2 step and restore on a toy model, and
+        freezes start-up objects: an interrupt inside a first-time lazy import would break every
+        later attempt. Safe to call more than once."""
         with self._setup_lock:
             if self._frozen:
                 return
@@ -128,10 +113,7 @@ class Worker:
 
             import ray_resilience._internal.checkpoint.rank.rank_checkpointer  # noqa: F401, PLC0415 - the warm-up's imports
 
-            # The import-time objects (~300k) are frozen before the warm-up without a full
-            # collection first, so no pass walks them on a new rank's way to its first attempt
-            # (two full passes before, 0.3-0.4 s here); the warm-up's teardown collects what it
-            # made, and what its lazy imports left alive is frozen after it.
+            # Freeze import-time objects so no gc pass walks them; again after the warm-up.
             freeze_startup_objects(collect=False)
             _warm_fsdp(self.free_port())
             freeze_startup_objects(collect=False)
@@ -152,23 +134,17 @@ class Worker:
 
     def interrupt(self, attempt: int) -> bool:
         """Stops `attempt` now: aborts its collectives and raises into the training thread.
-
-        Returns False when that attempt is not running here (already over, or a newer one).
-        A thread blocked in native code only unwinds when the call returns: the supervisor's
-        hard timeout covers that case.
-        """
+        False when that attempt is not running here."""
         thread = self._thread
         with self._interrupt_lock:
             if self._attempt != attempt or thread is None or not self._interruptible:
                 return False
             self._interrupted.set()
             async_raise(thread.ident, TrainingInterrupted)  # pending until the C call returns
-        # ... which this makes happen now for collectives; a rank still in the rendezvous waits on
-        # the store, which is safe to cut too (every attempt gets a fresh store on a new port).
+        # The abort makes it happen now; cutting the rendezvous store is safe (fresh per attempt).
         self._aborter.abort(include_store=self._in_rendezvous)
         return True
 
-    # --- one attempt ------------------------------------------------------------------------
 
     def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
         """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
@@ -176,9 +152,7 @@ class Worker:
         session = _Session(self._context(spec), faults=self._fault_hook(spec))
         forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
                                       attempt=spec.attempt, interval_s=spec.progress_interval_s)
-        # Heartbeats start now: a rank still releasing the last attempt's groups or finishing its
-        # prewarm (seconds on a busy node) is alive, not silent (seen here: a 3 s heartbeat
-        # timeout declared a rank in its prewarm unresponsive at a run's start).
+        # Heartbeats start now: a rank still releasing groups or prewarming is alive, not silent.
         forwarder.start()
         try:
             self._wait_released()
@@ -207,8 +181,7 @@ class Worker:
         metrics, step, step_time, saves, events = forwarder.stop()
         if self._checkpointer is not None:  # no reference to this attempt's model survives it
             self._checkpointer.end_attempt()
-        # Process groups are released in the background, overlapping with the supervisor's
-        # recovery; the next attempt (or shutdown) waits for it. A failed rank reports at once.
+        # Groups are released in the background, overlapping the recovery; the next attempt waits.
         self._release_thread = threading.Thread(target=self._release_groups, daemon=True,
                                                 name=f"rr-release-a{spec.attempt}")
         self._release_thread.start()
@@ -286,8 +259,7 @@ class Worker:
         self._aborter.snapshot_before_init(store_port=spec.master_port)
         if spec.rank != 0:
             _wait_listening(spec.master_addr, spec.master_port, spec.rendezvous_timeout_s)
-        # Our own store, so the rendezvous has its own (short) timeout while collectives keep
-        # the long process-group backstop.
+        # Our own store: a short rendezvous timeout, while collectives keep the long backstop.
         store = dist.TCPStore(
             spec.master_addr, spec.master_port, spec.world_size, is_master=spec.rank == 0,
             timeout=datetime.timedelta(seconds=spec.rendezvous_timeout_s),
@@ -302,13 +274,8 @@ class Worker:
                                    "t_end": time.time()})
 
     def _fault_hook(self, spec: AttemptSpec) -> Callable[[str, int | None], None] | None:
-        """Fires this rank's injected faults where their phase and step say (each one once).
-
-        step / checkpoint_save / validation: at that step; init: at the start of the first
-        attempt launched once the run got to `fault.step - 1`; checkpoint_load: in the first
-        checkpoint load of an attempt launched after the run got past `fault.step` (a fault
-        during recovery).
-        """
+        """Fires this rank's injected faults at their phase and step, each once (init and
+        checkpoint_load faults hit the first attempt launched after the run reached the step)."""
         faults = list(spec.faults)
         if not faults:
             return None
@@ -360,12 +327,7 @@ class Worker:
 
 def _warm_fsdp(port: int) -> None:
     """One FSDP2 step and one memory-tier restore on a private single-rank gloo group, then
-    everything released.
-
-    The first fully_shard, DTensor dispatch, optimizer step and checkpoint restore in a process
-    pay for lazy imports and caches; a spare pays them before it is needed. Touches no user
-    code, and runs only while no attempt runs in this process (it uses the default group).
-    """
+    everything released; runs only while no attempt runs here (it uses the default group)."""
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 - the warm-up's imports
 
 

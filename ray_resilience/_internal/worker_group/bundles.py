@@ -1,10 +1,5 @@
-"""Where ranks run: placement-group bundles, the node each one is on, and bundles elsewhere.
-
-The ranks (and warm spares) start in one placement group, bundle i hosting rank i. A node that
-keeps failing (`InJobConfig.max_node_faults`) is excluded: ranks there move to bundles of a new
-placement group whose bundles carry a label selector that keeps them off every excluded node
-(`ray.io/node-id` is a label every Ray node has). The old bundles on the excluded node stay
-reserved until the run ends, so nothing else of this run lands there.
+"""Where ranks run: placement-group bundles (bundle i hosts rank i), their nodes, and new bundles
+outside excluded nodes (a `ray.io/node-id` label selector).
 """
 
 from __future__ import annotations
@@ -46,8 +41,8 @@ class Bundles:
         self._nodes: dict[tuple[Any, int], str] = {}
 
     def reserve(self, count: int, timeout_s: float) -> list[Bundle]:
-        """The run's first placement group of `count` bundles; raises when it is not placed
-        within `timeout_s` (the message names ResilienceConfig.placement_timeout_s)."""
+        """The run's first placement group of `count` bundles; raises naming
+        `ResilienceConfig.placement_timeout_s` when it is not placed in time."""
         pg = placement_group([self.scaling.bundle] * count,
                              strategy=self.scaling.placement_strategy)
         if not self._wait(pg, timeout_s, f"{count} ranks"):

@@ -47,17 +47,14 @@ class WorkerGroup:
         self._reserved: list[Bundle] = []
         self.prestarter = WorkerPrestarter(num_prestarted)
         self.preimport_key = f"preimport-{uuid.uuid4().hex}"
-        """Switches the rank processes' background import on (`preimport`), once the run
-        has a step and prestarted workers are asked for."""
+        """The run's switch for the rank processes' background import (`preimport`)."""
         self._rank_env = preimport.rank_env_vars(env_vars, self.preimport_key)
         self._rank_runtime_env: str | None = None
-        """The ranks' runtime env as the raylet serialized it (from their `info`): prestarted
-        workers are asked for with it, so only rank actors take them."""
+        """The ranks' runtime env as the raylet serialized it: prestarted workers are asked for
+        with it, so only rank actors take them."""
         self._preimport_on = False
         self._prestart_nodes: dict[str, int] = {}
-        """Node -> prestarted workers to ask for there at the next request: `num_prestarted`
-        per node of the run's first ranks, one more for each rank started there since (it
-        took one, or one still booting)."""
+        """Node -> prestarted workers to ask for at the next request."""
 
     @property
     def world_size(self) -> int:
@@ -96,13 +93,8 @@ class WorkerGroup:
         return bool(self._spare_bundles)
 
     def replenish_spares(self, exclude: set[str]) -> None:
-        """Starts a spare in each bundle a spare left when it took over a rank (none on a node
-        in `exclude`).
-
-        Called by the supervisor once the recovery that used them has a completed step: a new
-        spare spends its first seconds importing torch, and on a small node that CPU would be
-        taken from the recovery itself (measured here: the memory-tier load of a respawn took
-        0.5-0.9 s with a spare starting alongside, 0.25-0.3 s without)."""
+        """Starts a spare in each bundle a spare left (none on an excluded node). Called once the
+        recovery has a completed step: a starting spare's imports would take its CPU."""
         bundles, self._spare_bundles = self._spare_bundles, []
         for bundle in bundles:
             if self.bundles.node_of(bundle) not in exclude:
@@ -131,9 +123,8 @@ class WorkerGroup:
         self.prestarter.request(nodes, self._rank_runtime_env)
 
     def _new_actor(self, bundle: Bundle, *, spare: bool = False) -> Any:
-        """A rank's actor in `bundle`. Ranks carry the setup hook that has processes booted
-        for them import torch ahead of time (`preimport`); warm spares do not: they start
-        with the run and must not wait for CPU the ranks leave idle."""
+        """A rank's actor in `bundle`. Ranks carry the pre-import setup hook; warm spares do not
+        (they start with the run and import at normal priority)."""
         node = self.bundles.node_of(bundle)
         if node is not None and not spare:
             first = not self.info  # before the run's first ranks answered
@@ -194,7 +185,6 @@ class WorkerGroup:
         if self._preimport_on:
             self._preimport_on = not preimport.switch(self.preimport_key, False)
 
-    # --- respawn ------------------------------------------------------------------------------
 
     def kill(self, rank: int) -> None:
         """Kills one rank's actor (SIGKILL through Ray); its bundle is freed for a replacement."""
@@ -206,13 +196,8 @@ class WorkerGroup:
 
     def replace(self, ranks: list[int], timeout_s: float,
                 exclude: set[str] | None = None) -> list[int]:
-        """New actors for `ranks` (a warm spare first, else a new actor in the rank's bundle).
-
-        Ranks whose bundle is on a node in `exclude` move to new bundles elsewhere, and spares
-        there are dropped. Waits up to `timeout_s` for the new actors to answer (a lost node's
-        bundles are placed again when capacity returns). Returns the ranks that could not be
-        replaced in time; their not-yet-started actors are killed.
-        """
+        """New actors for `ranks` (a warm spare first, else a new actor in the rank's bundle;
+        ranks on an `exclude` node move). Returns the ranks not replaced within `timeout_s`."""
         exclude = exclude or set()
         unplaced = self._move_off(ranks, exclude, timeout_s)
         refs: dict[Any, int] = {}
@@ -246,8 +231,7 @@ class WorkerGroup:
         missing = sorted(set(refs.values()) | set(unplaced))
         for rank in missing:
             self.kill(rank)
-        # Now, not once the recovery completed a step: the next fault may come sooner, and the
-        # boot overlaps the recovery's own work on cores the waiting survivors leave idle.
+        # Now: the next fault may come soon, and the boot overlaps the recovery.
         self.prestart()
         return missing
 

@@ -1,19 +1,8 @@
 """Bare Ray worker processes kept booted on the ranks' nodes, so a respawn skips the boot.
 
-A rank respawned without a warm spare gets a new actor, and a new actor gets a new Python
-process: the raylet forks it and it imports Ray and connects before our code runs (0.6-0.8 s
-here, 2.0-2.4 s on a loaded 2-core node). The raylet hands an actor an idle worker of the same
-job and runtime env when it has one (measured here: first call 0.16-0.23 s after creation
-instead of 0.6-0.8 s), but it prestarts workers only when the first driver connects. Ray's
-raylet has an RPC that starts such workers on demand with a keep-alive (`PrestartWorkers`, the
-one Ray's own libraries use) and no public Python API, so this module calls it through Ray's
-gRPC helpers (which add the cluster's auth token and TLS).
-
-These are not warm spares: a prestarted worker holds no resources and no rank state. It is
-asked for with the rank actors' own runtime env, so only a rank actor of this run takes it;
-that env carries a setup hook that has the process import torch and the rest at idle CPU
-priority while it waits (`preimport.py`). Anything
-that fails here is logged once and turns the feature off for the run: it only saves time.
+Calls the raylet's `PrestartWorkers` RPC (no public Python API) through Ray's gRPC helpers, with
+the rank actors' runtime env, so only rank actors take them (docs/design.md, section 6). A
+failure is logged once and turns the feature off for the run.
 """
 
 from __future__ import annotations
@@ -46,9 +35,8 @@ class WorkerPrestarter:
 
     def request(self, nodes: Iterable[str] | Mapping[str, int],
                 runtime_env: str | None = None) -> list[str]:
-        """Asks each node's raylet for workers with `runtime_env` (serialized as the raylet keys
-        workers by; None: the job's): `count` each for a list of nodes, or the number a
-        mapping gives. Returns the nodes asked. Never raises."""
+        """Asks each node's raylet for workers with `runtime_env` (None: the job's): `count` per
+        listed node, or the number a mapping gives. Returns the nodes asked; never raises."""
         wanted = dict(nodes) if isinstance(nodes, Mapping) else dict.fromkeys(nodes, self.count)
         wanted = {node: n for node, n in sorted(wanted.items()) if n > 0}
         if not self.enabled or not wanted:

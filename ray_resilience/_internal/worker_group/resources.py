@@ -25,11 +25,8 @@ def bundles_that_fit(bundle: dict[str, float], nodes: list[dict[str, float]]) ->
 
 
 def check_cluster_can_host(scaling: ScalingConfig, num_spares: int = 0) -> None:
-    """Raises before any actor starts if the request cannot be satisfied by this cluster.
-
-    Set RAY_RESILIENCE_ALLOW_PENDING_RESOURCES=1 on autoscaling clusters, where capacity that
-    does not exist yet will be added.
-    """
+    """Raises before any actor starts if this cluster cannot host the run (skipped with
+    RAY_RESILIENCE_ALLOW_PENDING_RESOURCES=1, for autoscaling clusters)."""
     nodes = _alive_node_totals()
     totals = {k: sum(n.get(k, 0.0) for n in nodes) for n in nodes for k in n}
     if scaling.use_gpu and totals.get("GPU", 0) == 0:

@@ -1,10 +1,5 @@
-"""The commit protocol on storage: manifest (the commit marker), discovery, retention, cleanup.
-
-A step counts only once its `manifest.json` exists. It is written after every rank's files and
-the DCP `.metadata` are durable, in one atomic operation (rename on POSIX, one PUT on S3), so a
-crash at any moment leaves either a complete checkpoint or a folder that is ignored and later
-deleted. Deleting a checkpoint removes its manifest first, so a half-deleted folder is never
-mistaken for a committed one. Pure functions over `CheckpointStorage`: unit-testable without Ray.
+"""The commit protocol on storage: the manifest (commit marker, written last and atomically),
+discovery, retention and cleanup. Pure functions over `CheckpointStorage`.
 """
 
 from __future__ import annotations
@@ -109,10 +104,8 @@ def delete_step(storage: CheckpointStorage, step_dir: layout.StepDir) -> None:
 
 def prune(storage: CheckpointStorage, *, num_to_keep: int, keep_session: str | None,
           newest_committed: layout.StepDir | None) -> list[layout.StepDir]:
-    """Deletes committed steps beyond the newest `num_to_keep`, and uncommitted folders that can
-    no longer commit: those of other sessions, and this session's below its newest commit.
-    Returns what was deleted. Folders of `keep_session` above the newest commit are in flight and
-    are left alone."""
+    """Deletes committed steps beyond the newest `num_to_keep` and folders that can no longer
+    commit; folders of `keep_session` above its newest commit are in flight and kept."""
     committed = committed_steps(storage)
     doomed = committed[num_to_keep:]
     committed_set = set(committed)

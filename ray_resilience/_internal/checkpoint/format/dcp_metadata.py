@@ -1,9 +1,5 @@
-"""DCP `.metadata`: built from the ranks' shard reports, read back with a restricted unpickler.
-
-DCP stores its metadata as a pickle and its own `FileSystemReader.read_metadata` calls
-`pickle.load` on it; a tampered file could run arbitrary code. Here only DCP's metadata
-dataclasses, `torch.Size`, dtypes and layouts can be built, and every data file the metadata
-points at must be a plain checkpoint file name in the same folder.
+"""DCP `.metadata`: built from the ranks' shard reports, read back with a restricted unpickler
+(DCP's own reader calls `pickle.load`): only DCP's types, and only plain file names.
 """
 
 from __future__ import annotations
@@ -86,11 +82,8 @@ def build_metadata(
     written: Iterable[tuple[list[WriteItem], dict[dcp_md.MetadataIndex, _StorageInfo]]],
     *, planner_data: dict, checkpoint_id: str, save_id: str,
 ) -> dcp_md.Metadata:
-    """DCP metadata of a checkpoint from what each rank wrote (items and where each landed).
-
-    Every item must have been written by exactly one rank (replicated items are deduplicated
-    before writing), as DCP's own global planner requires.
-    """
+    """DCP metadata of a checkpoint from what each rank wrote; every item written by exactly
+    one rank, as DCP's global planner requires."""
     plans, storage = [], {}
     for items, infos in written:
         plans.append(SavePlan(list(items)))

@@ -1,9 +1,7 @@
 """Safe encoding of a rank's `extra` state: JSON-safe values and plain tensors, never pickle.
 
-Layout: 8-byte magic, 8-byte little-endian header length, a UTF-8 JSON header, raw tensor bytes.
-Containers are tagged so decoding is unambiguous: {"L": [...]} list, {"T": [...]} tuple,
-{"D": {...}} dict (str keys), {"X": i} the i-th tensor; scalars (None, bool, int, float, str)
-stay bare. Decoding builds only those types and tensors of an allow-listed dtype.
+Layout: magic, header length, a JSON header with tagged containers ({"L"} list, {"T"} tuple,
+{"D"} dict, {"X": i} tensor i), then the raw tensor bytes of allow-listed dtypes.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ _SCALARS = (type(None), bool, int, float, str)
 
 
 class ExtraSnapshot:
-    """`extra` taken apart at save time: a fresh tagged tree of its values and a copy of each
-    tensor's bytes. Nothing in it refers to the caller's objects, so `encode` may run later on
-    another thread (a save's JSON header is built off the training thread)."""
+    """`extra` taken apart at save time (a tagged tree and copied tensor bytes), so `encode`
+    may run later on another thread."""
 
     __slots__ = ("_values", "_tensors")
 
@@ -50,8 +47,7 @@ class ExtraSnapshot:
 
 
 def snapshot_extra(extra: dict[str, Any]) -> ExtraSnapshot:
-    """Checks and copies `extra` now; raises CheckpointStateError (a TypeError) naming the
-    offending key."""
+    """Checks and copies `extra` now; CheckpointStateError (a TypeError) names the bad key."""
     if not isinstance(extra, dict):
         raise CheckpointStateError("<extra>", f"must be a dict, got {type(extra).__name__}")
     tensors: list[tuple[str, list[int], bytes]] = []
@@ -106,10 +102,8 @@ def _add_tensor(value: torch.Tensor, path: str, tensors: list[tuple[str, list[in
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:
-    """The tensor's values in C order, copied now (the save is a snapshot). This runs on the
-    training thread at every save (an RNG state is 5 KB): a contiguous CPU tensor without lazy
-    conjugation or negation is one memcpy of its memory (`tensor.numpy()` alone cost 18 us
-    right after a training step, `detach()` 7 us); anything else takes the torch route."""
+    """The tensor's values in C order, copied now: one memcpy for a plain contiguous CPU
+    tensor (this runs at every save), the torch route otherwise."""
     if (tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous()
             and not tensor.is_conj() and not tensor.is_neg()):
         nbytes = tensor.numel() * tensor.element_size()

@@ -1,17 +1,6 @@
-"""Names inside `<run_dir>/checkpoints/`, and the checks that keep storage content inside it.
-
-```
-<run_dir>/checkpoints/
-  step_000000000120_3f9c0a1b2c3d4e5f/   one save attempt of step 120 (step + session id)
-    __0_0.distcp  __1_0.distcp          DCP data files, one per rank (torch.save'd items)
-    __0_extra.json  __1_extra.json      per-rank extra state (JSON + raw tensor bytes, no pickle)
-    .metadata                           DCP metadata (restricted unpickling on load)
-    manifest.json                       commit marker, written last and atomically: files,
-                                        sizes and CRC32s. A folder without it is not a checkpoint.
-```
-The session id changes with every attempt (in-process restart, respawn, job retry), so shards of
-two attempts that both save step N never mix. Every name read back from storage is parsed with
-the patterns below; nothing read from storage is joined into a path unparsed.
+"""Names inside `<run_dir>/checkpoints/` (`step_<step>_<session>/`, `__<rank>_0.distcp`,
+`__<rank>_extra.json`, `.metadata`, `manifest.json`), and the checks that keep anything read
+from storage inside it (docs/design.md, section 7).
 """
 
 from __future__ import annotations
@@ -74,11 +63,8 @@ def extra_file_name(rank: int) -> str:
 
 
 def check_file_name(name: str, *, where: str) -> str:
-    """Returns `name` if it is one of the plain file names a step folder may hold.
-
-    Raises UnsafeCheckpointError for anything else (a path separator, `..`, an absolute path, an
-    unknown name): content read from storage must never steer a read outside the step folder.
-    """
+    """`name` if it is a plain file name a step folder may hold; UnsafeCheckpointError for
+    anything else, so storage content never steers a read outside the step folder."""
     if isinstance(name, str) and (name in (METADATA_NAME, MANIFEST_NAME)
                                   or _DATA_FILE.match(name) or _EXTRA_FILE.match(name)):
         return name

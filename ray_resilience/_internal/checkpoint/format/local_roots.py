@@ -1,9 +1,5 @@
-"""Node-local run folders of the local tier: naming, the writers' locks, stale-folder clean-up.
-
-Clean-up: the run's folder on a node (`<local_dir>/ray_resilience/<run>-<token>-<node>`, one per
-`fit()` and node) is removed by the node's writers when the run ends. A writer holds a shared
-`flock` on the folder's `.lock` for its life and, when it starts, removes the folders of other
-runs whose lock nobody holds (their writers are gone: the job was killed).
+"""Node-local run folders of the local tier: naming, the writers' locks, and removal of
+folders whose run was killed (nobody holds their `flock`).
 """
 
 from __future__ import annotations
@@ -36,9 +32,8 @@ def run_root(local_dir: str, run_name: str, token: str) -> str:
 
 
 def node_root(prefix: str, node_id: str | None = None) -> str:
-    """The run's folder for one Ray node (this process's node by default). Named after the
-    node, so a rank that moved to another node never reads the files of the one it left,
-    even where nodes share a /dev/shm (several Ray nodes on one host)."""
+    """The run's folder for one Ray node (this one by default): named after the node, so a rank
+    that moved never reads the files of the node it left."""
     if node_id is None:
         node_id = ray.get_runtime_context().get_node_id()
     return f"{prefix}-{node_id[:16]}"

@@ -1,8 +1,5 @@
-"""DCP storage readers for `torch.distributed.checkpoint.load`: committed steps in storage
-(checksums verified, metadata unpickled safely) and a rank's snapshot held in writer memory.
-
-Both are used with `SafeLoadPlanner`, whose byte items go through `torch.load(weights_only=True)`
-(DCP's default planner uses `weights_only=False`).
+"""DCP storage readers: a committed step in storage (checksums verified, metadata unpickled
+safely) and a rank's snapshot in writer memory; byte items load with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -123,8 +120,7 @@ class StorageShardReader(_ReaderBase):
 
 
 class MemoryShardReader(_ReaderBase):
-    """Serves a rank's own snapshot from writer memory. The caller has checked that the
-    snapshot's items match the target state exactly (same shard layout)."""
+    """Serves a rank's own snapshot from writer memory (the caller checked the layout matches)."""
 
     def __init__(self, items: list, payload: ShardPayload, where: str) -> None:
         super().__init__()

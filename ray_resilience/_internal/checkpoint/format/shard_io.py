@@ -1,8 +1,5 @@
-"""A rank's files in a step folder: the DCP data file and the extra-state file, with CRC32s.
-
-The data file is what torch's `FileSystemWriter` writes: each tensor item `torch.save`'d and each
-byte item's bytes, back to back, located by (offset, length) in the metadata. Called by writer
-actors (write) and by ranks loading from storage (read and verify).
+"""A rank's files in a step folder: the DCP data file (as torch's `FileSystemWriter` writes
+it) and the extra-state file, with CRC32s.
 """
 
 from __future__ import annotations
@@ -67,9 +64,8 @@ def as_tensor(array: np.ndarray, item: WriteItem) -> torch.Tensor:
 
 
 _BUFFERED_MAX_BYTES = 4 * 2**20
-"""Tensors up to this size are `torch.save`d into memory first: torch's zip writer makes ~40
-small writes per tensor, each a Python call through the digest into storage (a third of a
-small shard's write time); one write of the finished blob instead. Larger tensors stream."""
+"""Tensors up to this size are `torch.save`d into memory and written once (torch's zip
+writer makes ~40 small writes per tensor); larger ones stream."""
 
 
 def _save_tensor(tensor: torch.Tensor, stream: _DigestStream) -> None:
@@ -90,7 +86,7 @@ def write_shard(
     storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPayload,
 ) -> tuple[dict[str, FileDigest], list[WriteItem], dict[MetadataIndex, _StorageInfo]]:
     """Writes the rank's data and extra files; returns their digests, the items written and
-    where each landed. Overwrites files of an earlier try of the same shard."""
+    where each landed (overwriting an earlier try of the same shard)."""
     folder = ticket.dir_name
     storage.make_dir(folder)
     data_name = layout.data_file_name(ticket.rank)
@@ -118,8 +114,7 @@ def write_shard(
 
 def read_verified(storage: CheckpointStorage, folder: str, name: str,
                   expected: FileDigest) -> memoryview:
-    """Reads a whole file of a committed step and checks its size and CRC32 against the
-    manifest. Raises CheckpointCorruptError naming the file when it is missing or differs."""
+    """A whole file of a committed step, checked against the manifest's size and CRC32."""
     rel = f"{folder}/{layout.check_file_name(name, where=storage.display(folder))}"
     try:
         data = storage.read_bytes(rel)

@@ -1,7 +1,5 @@
 """`CheckpointStorage`: the run's `checkpoints/` folder through `pyarrow.fs` (local, FSx or S3).
-
-Picklable: it travels to writer actors and ranks inside their specs. Every failure becomes a
-typed `CheckpointStorageError` naming the path; `retrying` retries the transient ones.
+Picklable; every failure is a typed `CheckpointStorageError` naming the path.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ def resolve(storage_path: str,
 
 
 def _with_env_credentials(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """S3 filesystems resolve credentials in whichever process uses them; Ray actors do not see
-    the driver's environment, so static keys from this process's env are made explicit."""
+    """Static S3 keys from this process's env made explicit (actors do not see the driver's env)."""
     if not isinstance(fs, pafs.S3FileSystem) or not os.environ.get(_AWS_ENV[0]):
         return fs
     options = dict(fs.__reduce__()[1][0])
@@ -76,7 +73,6 @@ class CheckpointStorage:
     def __reduce__(self):
         return (CheckpointStorage, (self.fs, self.root, self.display_root))
 
-    # --- paths ------------------------------------------------------------------------------
 
     def path(self, rel: str = "") -> str:
         return posixpath.join(self.root, rel) if rel else self.root
@@ -94,7 +90,6 @@ class CheckpointStorage:
         except (OSError, ValueError, RuntimeError) as exc:
             raise classify(exc, self.display(rel), operation) from exc
 
-    # --- reading ----------------------------------------------------------------------------
 
     def list_step_dirs(self) -> list[layout.StepDir]:
         """Step folders present (committed or not), oldest first. Other names are ignored."""
@@ -120,7 +115,6 @@ class CheckpointStorage:
                     raise FileNotFoundError(self.display(rel)) from exc
                 raise
 
-    # --- writing ----------------------------------------------------------------------------
 
     def make_dir(self, rel: str) -> None:
         if self.is_local:  # object stores have no folders to create
@@ -129,8 +123,7 @@ class CheckpointStorage:
 
     @contextlib.contextmanager
     def open_output(self, rel: str) -> Iterator[pafs.NativeFile]:
-        """A stream that replaces `rel`. On local disks the file is fsync'ed when it closes; on
-        S3 the object appears only when the upload completes."""
+        """A stream that replaces `rel` (fsync'ed on close locally; on S3 visible once uploaded)."""
         with self._errors(rel, "write"):
             with self.fs.open_output_stream(self.path(rel)) as stream:
                 yield stream
@@ -138,8 +131,7 @@ class CheckpointStorage:
                 _fsync(self.path(rel))
 
     def write_atomic(self, rel: str, data: bytes) -> None:
-        """Readers see the old content or the new one, never a torn file (rename on POSIX, a
-        single PUT on S3)."""
+        """Readers see the old content or the new, never a torn file."""
         if not self.is_local:
             with self.open_output(rel) as out:
                 out.write(data)
@@ -179,11 +171,7 @@ def _fsync(path: str) -> None:
 def retrying(fn: Callable[[], T], *, what: str, num_retries: int, backoff_s: float,
              max_backoff_s: float = 30.0,
              on_retry: Callable[[CheckpointStorageError, float], None] | None = None) -> T:
-    """Calls `fn`, retrying transient storage errors with exponential backoff.
-
-    Non-retryable errors (permission denied, disk full) are raised at once; after `num_retries`
-    failed retries the last error is raised.
-    """
+    """Calls `fn`, retrying transient storage errors with exponential backoff."""
     delay = backoff_s
     for attempt in range(num_retries + 1):
         try:

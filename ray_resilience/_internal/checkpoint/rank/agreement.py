@@ -1,11 +1,5 @@
-"""Collectives that keep the ranks' load decisions identical.
-
-`Agreement` is called on the training thread, on every rank at the same points: `load` (which
-step every rank can load; a fresh session id). Its collectives run on the default process group
-when it is gloo, otherwise on a CPU (gloo) group created once per default group, so a decision
-never needs a device synchronization. Without torch.distributed (a single rank), they are local.
-Saves take part in no collective: their decisions are save rounds on the commit coordinator
-(`rounds.py`), which also says who writes replicated items.
+"""Collectives that keep the ranks' load decisions identical, on a CPU (gloo) group when the
+default group is not gloo; local for a single rank. Saves use no collective (`rounds.py`).
 """
 
 from __future__ import annotations
@@ -76,8 +70,7 @@ class Agreement:
         return out
 
     def new_session(self, begin: Callable[[str], None]) -> str:
-        """A fresh random session id, the same on every rank; rank 0 registers it via `begin`
-        before any other rank can use it."""
+        """A fresh random session id, the same on every rank (rank 0 registers it first)."""
         token = secrets.token_hex(8) if self.rank == 0 else ""
         if self.rank == 0:
             begin(token)

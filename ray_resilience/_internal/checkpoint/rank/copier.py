@@ -1,17 +1,8 @@
 """Copies snapshots off the live tensors without holding the training thread.
 
-`save` copies what a forward pass may change (model buffers, e.g. BatchNorm statistics) before
-it returns and leaves the parameters and optimizer state, which only the optimizer step changes,
-to the `Copier`: on CPU a background thread copies them while the next forward and backward run
-(the copy releases the GIL); on GPU the device-to-host copies are queued on a side stream. A
-pre-hook on the optimizer's `step` (`guard`) holds the next step until the copy is complete; on
-GPU it makes the compute stream wait for the copy's CUDA event instead of waiting on the CPU.
-
-A tensor changed in place by anything else while its copy may still run (its version counter
-moved between `save` and the end of the copy) makes the snapshot torn: it is never handed off,
-and a warning names the tensor and `CheckpointConfig.snapshot="sync"`, which copies everything
-before `save` returns. Writes through `.data` bypass version counters: use "sync" for loops that
-change parameters that way between `report` and the optimizer step.
+Parameters and optimizer state are copied by a background thread while the next forward and
+backward run; a pre-hook on `optimizer.step` holds the next step until the copy is done. A tensor
+changed in place meanwhile makes the save dropped, never torn (docs/design.md, section 7).
 """
 
 from __future__ import annotations
@@ -58,8 +49,7 @@ class CopyJob:
         return None
 
     def check_storage(self) -> bool:
-        """False (and the save's plan marked stale) when a tensor's storage was replaced since
-        the plan was built: the copy would read a tensor training no longer uses."""
+        """False (and the plan marked stale) when a tensor's storage was replaced since the plan."""
         self.moved = self.source.moved(self.which)
         if self.moved is not None:
             self.source.on_moved()
@@ -79,16 +69,15 @@ def new_job(slot: Slot, source: SaveSource, which: list[int]) -> CopyJob:
 
 
 class Copier:
-    """The background copies of one rank. Shares the pipeline's condition variable; `done` is
-    called (under it) when a slot's copy is complete, with the torn tensor's name or None."""
+    """The background copies of one rank; `done(slot, torn)` is called under the pipeline's
+    condition when a slot's copy is complete."""
 
     def __init__(self, *, rank: int, cond: threading.Condition, stats: RankSaveStats, done: Any,
                  delay_s: float = 0.0) -> None:
         self.rank, self._cond, self._stats = rank, cond, stats
         self._done, self._delay_s = done, delay_s
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        """One token per job (or close); only the copy thread takes them. A C-level queue: the
-        training thread wakes the copier without running `Condition.notify`'s Python."""
+        """One token per job: a C-level queue, so waking the copier runs no Python `notify`."""
         self._jobs: collections.deque[CopyJob] = collections.deque()
         self._running = 0
         self._gpu_jobs: list[CopyJob] = []
@@ -99,7 +88,6 @@ class Copier:
         self._thread = threading.Thread(target=self._run, name=f"rr-ckpt-copy-r{rank}", daemon=True)
         self._thread.start()
 
-    # --- training thread -------------------------------------------------------------------
 
     def submit(self, job: CopyJob) -> None:
         """Starts the copy of `job` (caller holds the condition; the slot is COPYING)."""
@@ -113,9 +101,7 @@ class Copier:
             job.event = job.slot.buffers.copy_on_stream(tensors, job.which, self._stream)
             job.slot.event = job.event
             self._gpu_jobs.append(job)
-            # No copy thread finishes a GPU job: the rounds thread settles it on the event
-            # (or the next optimizer step's guard does), so it must hear of the new round now;
-            # a last save followed by no optimizer step would otherwise never be voted on.
+            # A GPU job is settled by the rounds thread (or the guard): it must hear of it now.
             self._cond.notify_all()
             return
         self._jobs.append(job)
@@ -151,11 +137,10 @@ class Copier:
                 self._stats.guard_wait_s.append(waited)
                 self._unreported_wait_s += waited
 
-    # --- any thread ------------------------------------------------------------------------
 
     def settle_gpu(self, slot: Slot) -> None:
-        """Waits for `slot`'s device-to-host copies if the guard has not settled them (caller
-        holds the condition; used before a slot is voted on)."""
+        """Waits for `slot`'s device-to-host copies if the guard has not (caller holds the
+        condition)."""
         for job in [j for j in self._gpu_jobs if j.slot is slot]:
             job.event.synchronize()
             self._gpu_jobs.remove(job)
@@ -169,7 +154,6 @@ class Copier:
         self._thread.join(timeout=30)
         self.unguard_all()
 
-    # --- background thread ------------------------------------------------------------------
 
     def _run(self) -> None:
         defer_wakeups()  # woken from inside `save`: never preempt the training thread there

@@ -1,19 +1,6 @@
-"""Per-rank save pipeline: stage snapshots, vote in save rounds, hand claimed steps to the writer.
-
-The training thread only stages (`stage`): it takes a slot (see `slots.py`), copies what a
-forward pass may change, leaves the rest to the copier (`copier.py`) and queues the step's round.
-Two background threads do everything else:
-
-- rounds: takes the rounds in step order; votes *ready* once the slot's copy is complete and
-  untorn and this rank's writer is idle (under `coalesce` it stops waiting for the writer when a
-  newer save arrives and votes not ready); asks the commit coordinator for the outcome (see
-  `rounds.py`); for a claimed round `ray.put`s the staging buffers (Ray copies numpy views into
-  the object store, freeing the slot) and calls `writer.receive` (the writer copies that into an
-  object it owns, so it outlives this process).
-- waiter: waits until the writer reports the shard durable or given up.
-
-So the training thread never takes part in a collective or an RPC for saving, and never waits
-for storage unless the policy is `block`.
+"""Per-rank save pipeline: the training thread stages a snapshot; a rounds thread votes in the
+step's save round and hands a claimed step to the writer; a waiter thread waits for it to be
+durable. The training thread never joins a collective or an RPC to save (docs/design.md, 7).
 """
 
 from __future__ import annotations
@@ -88,9 +75,7 @@ class HandoffPipeline:
                  stats: RankSaveStats, copy_delay_s: float = 0.0) -> None:
         self.rank, self.world_size, self.config = rank, world_size, config
         self.link, self.stats = link, stats
-        # One lock, several conditions: each background thread waits on its own, so a save
-        # wakes only the thread that has work (on a busy core every needless wake-up is a
-        # context switch and a GIL hand-off the training thread pays for).
+        # One lock, a condition per thread: a save wakes only the thread that has work.
         lock = threading.RLock()
         self.cond = threading.Condition(lock)
         self._handed_cond = threading.Condition(lock)
@@ -112,7 +97,6 @@ class HandoffPipeline:
         for thread in self._threads:
             thread.start()
 
-    # --- training thread --------------------------------------------------------------------
 
     def begin_session(self, session: str) -> None:
         """A new attempt: rounds and unvoted snapshots of the old session are dropped."""
@@ -149,10 +133,7 @@ class HandoffPipeline:
                                      planner_data=source.planner_data, staged_at=time.time(),
                                      plan_id=source.plan_id)
             slot.state, slot.blobs, slot.extra = SlotState.COPYING, source.blobs, extra
-        # The round is queued after the synchronous part of the copy, waking one thread: the
-        # copier, or (all copied) the rounds thread. None could do anything with it before (a
-        # slot is voted on only once its copy is complete), and waking them while this thread
-        # copies cost it GIL hand-offs.
+        # Queued after the synchronous copy, waking one thread (the copier, or the rounds thread).
         later = [] if copy_all_now else source.overlap
         now = list(range(len(source.tensors))) if copy_all_now else source.immediate
         slot.buffers.copy_now(source.tensors, now)
@@ -205,7 +186,6 @@ class HandoffPipeline:
         for thread in self._threads:
             thread.join(timeout=_writer_poll_s() + _vote_wait_s() + 5.0)
 
-    # --- copier callback (holds the condition) -----------------------------------------------
 
     def _copied(self, slot: Slot, torn: str | None) -> None:
         if torn is not None:
@@ -216,7 +196,6 @@ class HandoffPipeline:
             slot.state, slot.torn = SlotState.STAGED, torn
         self.cond.notify_all()
 
-    # --- rounds thread ----------------------------------------------------------------------
 
     def _run_rounds(self) -> None:
         defer_wakeups()
@@ -333,9 +312,8 @@ class HandoffPipeline:
             self._handed_cond.notify()
 
     def _receive(self, ticket: SaveTicket, boxed: list) -> ShardOutcome | None:
-        """Gives the writer the object; None when it took it, else the failed outcome. The
-        plan (items, planner data: 0.8 ms of pickling per save for a 100-tensor state) goes
-        to a writer once; later tickets name it by id."""
+        """Gives the writer the object; None when it took it, else the failed outcome. The plan
+        goes to a writer once; later tickets name it by id."""
         writer_id = self.link.writer_id
         plan = (writer_id, ticket.plan_id)
         try:
@@ -359,7 +337,6 @@ class HandoffPipeline:
         finally:
             boxed.clear()  # the writer holds its own copy now (or the save is lost); free ours
 
-    # --- waiter thread ----------------------------------------------------------------------
 
     def _run_waiter(self) -> None:
         defer_wakeups()

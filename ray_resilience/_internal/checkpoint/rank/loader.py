@@ -1,13 +1,6 @@
-"""Loading the newest checkpoint on every rank, from local snapshots or memory when possible.
-
-Called by `RankCheckpointer.load` on the training thread of every rank. First the local tier
-(`local_tier.py`): the newest step of which every rank holds an intact snapshot on its node,
-when it is at least as new as the newest committed step. Then the
-committed steps, newest first, as the coordinator knows them (rank 0's list is used by all). For
-each candidate every rank loads its part, from its writer's memory when the shard layout matches
-(or from a writer holding a replica, when that one is gone), else from storage with every file
-checked against the manifest; then the ranks agree (all succeeded?) and either apply the state
-or fall back to the next older step, with a warning that names the file.
+"""Loading the newest checkpoint on every rank: the local tier when every rank holds the step,
+else the committed steps newest first, each rank from writer memory, a replica or storage; the
+ranks agree on the outcome and fall back together, naming the file.
 """
 
 from __future__ import annotations
@@ -63,9 +56,8 @@ class LoadTarget:
 
 
 def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | None:
-    """Restores the newest step every rank can load. None when nothing is committed (and no
-    local snapshot exists); raises CheckpointLoadError when steps are committed but none loads
-    on every rank."""
+    """Restores the newest step every rank can load; None when there is none, and
+    CheckpointLoadError when steps are committed but none loads on every rank."""
     committed, holders = ray.get(target.coordinator.load_info.remote(target.rank),
                                  timeout=checkpoint_call_timeout_s())
     offer, own = _local_offer(target)
@@ -107,8 +99,7 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
 
 
 def _local_offer(target: LoadTarget) -> tuple[list[tuple[str, int]], tuple[list, str] | None]:
-    """This rank's intact local snapshots with its current shard layout: [(session, step)],
-    and (its save items, their layout digest) when it has any."""
+    """This rank's intact local snapshots of its layout, and (its items, their digest)."""
     local = target.local
     slots = local.slots() if local is not None and local.disabled is None else []
     if not slots:  # no plan to build (25+ ms) on a rank with nothing to offer
@@ -185,9 +176,8 @@ def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
 
 def _load_snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict,
                    items: list, payload_ref: Any, *, where: str) -> dict | None:
-    """Loads a rank's snapshot (its save plan's `items`, its `ShardPayload` in the object store)
-    into `state`; returns its extra state, or None when the snapshot's shard layout is not the
-    target's (nothing is read then)."""
+    """Loads a snapshot (`items`, its `ShardPayload` in the object store) into `state`; its extra
+    state, or None when the layout differs (nothing is read then)."""
     own, _ = capture(model, optimizer).build_items()
     if layout_key(own) != layout_key(items):
         return None
@@ -225,13 +215,8 @@ def _apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, stat
 
 
 def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    """Runs a memory-tier restore of `model`/`optimizer` from their own snapshot, in process.
-
-    The first snapshot, DCP load planning, `set_*_state_dict` and `ray.get` of a shard payload in
-    a process pay for lazy imports and caches (0.3-0.4 s on a busy 2-core machine): a warm spare
-    pays them before it takes over a dead rank. No RPC, no collective; `model` and `optimizer`
-    end with the values they had.
-    """
+    """A memory-tier restore of `model`/`optimizer` from their own snapshot, in process, so a
+    warm spare pays the first restore's lazy imports before it is needed. No RPC, no collective."""
     source = StateCache().source(model, optimizer)
     buffers = StagingBuffers(source.items, source.tensors)
     buffers.copy_now(source.tensors, list(range(len(source.tensors))))

@@ -1,31 +1,9 @@
-"""The local tier: every rank's state at every step (or every `local_interval_steps`), in
-node-local shared memory, so a restart redoes at most one step instead of rolling back to the
-last committed checkpoint.
+"""The local tier: each rank's state at every local step in one of two files in node-local
+shared memory, so a restart on the same node redoes at most one step.
 
-A committed checkpoint is taken every `interval_steps` steps because it is persisted to storage;
-most faults (an exception, a killed or hung rank process) leave the node and its memory intact.
-Each rank therefore also writes its shard, at each local step, into one of two files under
-`CheckpointConfig.local_dir` (tmpfs, `/dev/shm` by default): a file outlives the process that
-wrote it, so a rank restarted in process or respawned on the same node reads it back. Two files
-per rank, because ranks of a synchronous job can be one step apart when one of them fails (the
-others finished the step, it did not): the newest step held by every rank is then in one of the
-two files of each.
-
-A file is a 4 KiB JSON header (what it holds: session, step, the shard layout's digest, byte
-lengths) followed by the tensor bytes, the serialized byte items and the encoded extra state.
-A write first marks the header "writing", then writes the data, then the complete header: a
-process killed at any point leaves a file that is recognisably incomplete, never one that looks
-complete and is not. Reading copies the file and checks that the header did not change
-meanwhile. Nothing is unpickled: tensors are raw bytes laid out by the reader's own save plan
-(the layout digest must match), byte items go through `torch.load(weights_only=True)` and the
-extra state through `extra_codec`, like a memory-tier or storage load.
-
-The files are plain `pwritev` writes (no memory map: a full tmpfs answers ENOSPC instead of
-killing the process with SIGBUS), on the training thread, before `report()` returns: the state
-of step N is copied before step N+1's optimizer step can change it. Space is reserved with
-`posix_fallocate` when a file is created, so a full tmpfs is found before any data is written;
-any OS error turns the tier off for the rank with one warning (training goes on; restarts then
-use the committed tiers).
+A file is a 4 KiB JSON header and the raw bytes; the header says "writing" until the data is in,
+so a killed writer leaves a file that is recognisably incomplete. Nothing is unpickled. Format
+and reasons: docs/design.md, section 8.
 """
 
 from __future__ import annotations
@@ -82,11 +60,10 @@ class LocalSnapshots:
         self.saved = 0
         self.bytes_per_slot = 0
 
-    # --- writing ----------------------------------------------------------------------------
 
     def save(self, step: int, session: str, source: Any, extra: bytes) -> bool:
-        """Writes `source` (a `SaveSource`: plan, live tensors, byte items) and `extra` as the
-        snapshot of `step`. Returns False when the tier is (or just got) turned off."""
+        """Writes `source` (a `SaveSource`) and `extra` as the snapshot of `step`; False when the
+        tier is (or just got) turned off."""
         if self.disabled is not None:
             return False
         if self.max_bytes is not None and source.tensor_bytes > self.max_bytes:
@@ -115,8 +92,7 @@ class LocalSnapshots:
         return True
 
     def _tensor_views(self, source: Any) -> list[np.ndarray]:
-        """Flat uint8 views of the live tensors (built once per plan: the cached plan keeps
-        the same tensor objects, updated in place)."""
+        """Flat uint8 views of the live tensors (built once per plan)."""
         if self._views_key is not None and self._views_key[0] is source.tensors:
             return self._views
         views = []
@@ -164,20 +140,18 @@ class LocalSnapshots:
             "checkpoints", self.rank, why)
         self.close(remove=warn)
 
-    # --- reading ----------------------------------------------------------------------------
 
     def slots(self) -> list[LocalSlot]:
         """This rank's complete snapshots (one header read per file)."""
         return [found[0] for found in map(self._read_header, (0, 1)) if found is not None]
 
     def available(self, layout: str | None) -> list[tuple[str, int]]:
-        """(session, step) of each complete snapshot of this rank with shard layout `layout`
-        (None: any layout)."""
+        """(session, step) of each complete snapshot with shard layout `layout` (None: any)."""
         return [(s.session, s.step) for s in self.slots() if layout in (None, s.layout)]
 
     def read(self, session: str, step: int, layout: str, tensor_sizes: list[int]) -> Any | None:
-        """The snapshot of (`session`, `step`) as a `ShardPayload` (tensor arrays sized by the
-        reader's own plan, `tensor_sizes` in item order), or None when no file holds it intact."""
+        """The snapshot of (`session`, `step`) as a `ShardPayload` laid out by the reader's plan,
+        or None when no file holds it intact."""
         for slot in (0, 1):
             found = self._read_header(slot)
             if found is None:
@@ -209,8 +183,8 @@ class LocalSnapshots:
         return None
 
     def keep_only(self, session: str | None, step: int | None) -> None:
-        """Marks every snapshot except (`session`, `step`) incomplete: after a restore, a file
-        from the abandoned timeline must never be taken for one of the new."""
+        """Marks every other snapshot incomplete: after a restore, no file of the abandoned
+        timeline may be taken for one of the new."""
         kept = None
         for slot in (0, 1):
             found = self._read_header(slot)
@@ -248,7 +222,6 @@ class LocalSnapshots:
             return None
         return info, header
 
-    # --- lifecycle --------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         return {"local_snapshots": self.saved, "local_bytes": 2 * self.bytes_per_slot,

@@ -1,13 +1,8 @@
-"""`RankCheckpointer`: the worker-side API, called from each rank's training thread.
+"""`RankCheckpointer`: the rank-side checkpoint API, called from each rank's training thread.
 
-Every rank calls `load` at the start of the train function and `maybe_save` after each optimizer
-step, at the same steps. `load` runs small collectives (every rank must load the same step).
-A save takes part in no collective and no RPC: the training thread finds the live tensors
-(`state_cache.py`), copies what a forward pass may change, and returns; the copy of parameters
-and optimizer state overlaps the next forward and backward (`copier.py`), and everything after
-it runs in background threads (`handoff.py`). It blocks only under `in_flight_policy="block"`
-(for the previous save to become durable) and in the next `optimizer.step()` if the copy is not
-done by then.
+Every rank calls `load` at the start of the train function (small collectives) and `maybe_save`
+after each optimizer step, at the same steps; a save blocks only under `block` and in the next
+`optimizer.step()` while its copy runs.
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ COPY_DELAY_ENV_VAR = "RAY_RESILIENCE_TEST_SNAPSHOT_COPY_DELAY_S"
 
 
 class RankCheckpointer:
-    """One rank's checkpointing. Built in the rank's actor process from the spec the supervisor
-    got from `CheckpointService.rank_spec`; may assume a default process group of `world_size`
-    ranks exists when it loads (none is needed for a single rank)."""
+    """One rank's checkpointing, built in the rank's process from `CheckpointService.rank_spec`;
+    `load` assumes a default process group of `world_size` ranks (none for a single rank)."""
 
     def __init__(self, spec: RankCheckpointSpec, *, rank: int, world_size: int) -> None:
         self.spec, self.rank, self.world_size, self.config = spec, rank, world_size, spec.config
@@ -59,14 +53,12 @@ class RankCheckpointer:
         self._session: str | None = None
         self._closed = False
 
-    # --- saving -----------------------------------------------------------------------------
 
     def maybe_save(self, step: int, *, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None = None,
                    extra: dict[str, Any] | None = None) -> float | None:
-        """Saves when `step % interval_steps == 0`; returns the seconds the training thread was
-        blocked, or None when this step saves nothing. Also writes the local tier when
-        `step % local_interval_steps == 0` (its blocking: `take_local_blocking`)."""
+        """Saves on save steps and writes the local tier on local steps; returns the seconds the
+        training thread was blocked, or None when the step saves nothing."""
         local = (self._local is not None and self._local.disabled is None
                  and self.config.is_local_step(step))
         if not self.config.is_save_step(step):
@@ -78,9 +70,8 @@ class RankCheckpointer:
     def save(self, step: int, *, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None,
              local: bool = False) -> float | None:
-        """Snapshots this rank's shards of `step` and hands them off in the background (and,
-        with `local`, writes them to the local tier). Returns the blocking seconds of the
-        committed save, or None when the in-flight policy skipped it."""
+        """Snapshots this rank's shards of `step`, hands them off in the background (and writes the
+        local tier with `local`); the blocking seconds, or None when the policy skipped it."""
         if self._closed:
             raise RuntimeError("RankCheckpointer.save() after close()")
         start = time.perf_counter()
@@ -138,17 +129,14 @@ class RankCheckpointer:
         return taken
 
     def take_guard_wait_s(self) -> float:
-        """Seconds optimizer steps waited for snapshot copies since the last call (blocking
-        that belongs to the preceding save)."""
+        """Seconds optimizer steps waited for snapshot copies since the last call."""
         return self._pipeline.copier.take_guard_wait_s()
 
-    # --- loading ----------------------------------------------------------------------------
 
     def load(self, *, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer | None = None) -> LoadedCheckpoint | None:
-        """Restores the newest committed checkpoint into `model`/`optimizer` (freshly built,
-        sharded the same way as when training). Starts a new session: saves of earlier attempts
-        can no longer commit. Returns None when the run has no committed checkpoint."""
+        """Restores the newest checkpoint into freshly built `model`/`optimizer` and starts a new
+        session (older attempts' saves can no longer commit); None when there is none."""
         self._cache.clear()
         self._begin_session()
         target = LoadTarget(rank=self.rank, storage=self.spec.storage,
@@ -167,11 +155,9 @@ class RankCheckpointer:
         ray.get(self.spec.coordinator.begin_session.remote(session, self.world_size),
                 timeout=checkpoint_call_timeout_s())
 
-    # --- lifecycle --------------------------------------------------------------------------
 
     def end_attempt(self) -> None:
-        """The attempt's train function is over: drop every reference to its model and
-        optimizer (snapshots already taken still go on to their writer)."""
+        """Drops every reference to the attempt's model and optimizer (taken snapshots go on)."""
         self._cache.clear()
         self._pipeline.copier.unguard_all()
 
@@ -180,9 +166,7 @@ class RankCheckpointer:
         return self._pipeline.wait_idle(timeout_s, why="wait_idle")
 
     def stats(self) -> dict[str, Any]:
-        """This rank's counters: requested, staged, coalesced, skipped, torn, not_claimed,
-        durable, failed; recent blocking times, optimizer-step waits (`guard_wait_s`) and
-        staged-to-durable latencies; last error."""
+        """This rank's counters, recent blocking times, guard waits, latencies and last error."""
         pipeline = self._pipeline
         with pipeline.cond:
             held = [s for s in pipeline.pool.slots
@@ -200,8 +184,7 @@ class RankCheckpointer:
                 **local}
 
     def close(self) -> None:
-        """Stops the background threads; a pending snapshot is dropped, a write in progress is
-        left to its writer."""
+        """Stops the background threads; a pending snapshot is dropped."""
         if not self._closed:
             self._closed = True
             self._cache.clear()

@@ -1,12 +1,5 @@
-"""Snapshot slots: the reusable staging buffers of one rank and what each holds.
-
-A slot moves FREE -> COPYING (the copier fills it) -> STAGED (a complete snapshot of one step)
--> VOTING (its round is being decided) -> PUTTING (claimed; copied into Ray's object store) ->
-FREE. A STAGED slot whose round has not started voting can be withdrawn for a newer save
-(`coalesce`). With at most `MAX_SLOTS` slots, a rank holds at most one snapshot waiting for its
-round while the previous one is being handed to the writer.
-
-`SlotPool` is plain bookkeeping; callers hold the pipeline's lock.
+"""Snapshot slots: a rank's reusable staging buffers, FREE -> COPYING -> STAGED -> VOTING ->
+PUTTING -> FREE; at most `MAX_SLOTS`, and a STAGED slot may be withdrawn for a newer save.
 """
 
 from __future__ import annotations
@@ -76,9 +69,8 @@ class SlotPool:
 
     def acquire(self, items: list, sources: list, *,
                 may_withdraw: bool) -> tuple[Slot | None, Slot | None]:
-        """A slot for a new snapshot of `items`: (slot, withdrawn). `withdrawn` is the STAGED slot
-        whose older snapshot was dropped to make room (coalesce); (None, None) when every slot
-        is still in use, so this save cannot be staged without waiting."""
+        """A slot for a new snapshot of `items`: (slot, the STAGED slot withdrawn for it under
+        coalesce); (None, None) when every slot is in use."""
         for slot in self.slots:
             if slot.state is SlotState.FREE and slot.buffers.matches(items):
                 return slot, None

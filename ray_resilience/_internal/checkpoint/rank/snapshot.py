@@ -1,10 +1,5 @@
-"""The rank's state as DCP items, and reusable host buffers that snapshot it.
-
-Called on the training thread. Building the state dict and flattening it costs a few ms; the DCP
-plan (which item lives where) is rebuilt only when the state's structure changes. The snapshot is
-a copy of the rank's own shards (DTensor local tensors) into buffers allocated once: pinned
-host memory filled by non-blocking device-to-host copies on a side stream on GPU, a plain memcpy
-on CPU. When the copy runs and what may change the live tensors meanwhile: see `copier.py`.
+"""The rank's state as DCP items, and reusable host buffers that snapshot it (pinned memory and
+a side stream on GPU, a memcpy on CPU).
 """
 
 from __future__ import annotations
@@ -58,8 +53,8 @@ class CapturedState:
     def sources(
         self, items: list[WriteItem], blob_cache: dict[str, tuple[Any, bytes]] | None = None,
     ) -> tuple[list[torch.Tensor], list[bytes]]:
-        """The live local tensors of the tensor items, and the serialized byte items (reused
-        from `blob_cache` while a value is unchanged: torch.save of each costs ~0.2 ms)."""
+        """The live local tensors of the tensor items, and the serialized byte items (reused from
+        `blob_cache` while a value is unchanged)."""
         tensors, blobs = [], []
         cache = {} if blob_cache is None else blob_cache
         for item in items:
@@ -97,8 +92,7 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 class StagingBuffers:
-    """One set of host buffers, one per tensor item, reused across saves: views into a single
-    flat allocation (64-byte aligned items), handed to the writer as one array (`payload`)."""
+    """Host buffers reused across saves: views into one flat allocation, handed on as one array."""
 
     ALIGN = 64
 
@@ -138,11 +132,8 @@ class StagingBuffers:
         return key == self.key
 
     def copy_now(self, sources: list[torch.Tensor], which: list[int]) -> None:
-        """Copies `sources[i]` into buffer i for each i in `which`, returning when done.
-
-        One `_foreach_copy_` call: the GIL is released once for all the tensors, not re-taken
-        between them (on a background thread, per-tensor copies queue behind the training
-        thread's Python for the GIL, tensor after tensor)."""
+        """Copies `sources[i]` into buffer i for each i in `which` in one `_foreach_copy_` call
+        (the GIL is released once for all tensors)."""
         if not which:
             return
         targets, origins = [self.buffers[i] for i in which], [sources[i] for i in which]
@@ -153,8 +144,8 @@ class StagingBuffers:
                 target.copy_(origin)
 
     def copy_on_stream(self, sources: list[torch.Tensor], which: list[int], stream: Any) -> Any:
-        """GPU: queues the device-to-host copies on `stream` (after the work already queued on
-        the current stream) and returns the CUDA event that marks their end."""
+        """GPU: queues the device-to-host copies on `stream`; returns the event marking their
+        end."""
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for i in which:

@@ -1,23 +1,5 @@
-"""What a save copies, found in a fraction of a millisecond from the second save of an attempt on.
-
-Building the DCP state dict of an FSDP2 model and its optimizer costs 10-15 ms for a 30M-parameter
-model and planning it another 25 ms. Between two saves of one attempt the state keeps its
-structure: the same parameter and optimizer-state objects hold new values. `StateCache` keeps
-the plan and the live local tensors behind it and reuses them while a fingerprint matches: the
-identity of every module, parameter, buffer, param-group tensor and optimizer-state value, the
-storage address of every buffer and param-group tensor, plus the setting names of every param
-group. Any difference rebuilds from scratch.
-
-The storage addresses of parameters and optimizer state (which only `optimizer.step` changes,
-so their copy may run after `save` returns) are checked where they are copied: by the copier,
-which drops the save if one was replaced (`.data = ...` or `set_()` on the same object) and has
-the next save rebuild; from then on this cache checks them at every save itself. A save that
-copies them before it returns (`copies_later` false) has them checked here. So the training
-thread touches each of those tensors once per save (their version counter), not three times.
-
-Byte items (the param groups' settings, such as a scheduled learning rate) are re-read from
-`optimizer.param_groups` at every save; a state whose byte items are anything else is rebuilt at
-every save (correct, just slower).
+"""What a save copies: the DCP plan and the live local tensors, reused while a fingerprint
+matches, so a save finds them in about 0.1 ms instead of 35 ms (docs/design.md, section 7).
 """
 
 from __future__ import annotations
@@ -45,30 +27,24 @@ class SaveSource:
     planner_data: dict
     plan_id: str
     keys: list[tuple[str, int]]
-    """Per item: (name|offset, bytes); the coordinator assigns replicated items from these."""
+    """Per item: (name|offset, bytes), for assigning replicated items."""
     tensors: list[torch.Tensor]
     """The live local tensors of the tensor items, in item order."""
     names: list[str]
     holders: list[torch.Tensor]
-    """Per tensor: the object in-place writes go through (for a DTensor's local shard, the
-    DTensor: its version counter moves, the local tensor's does not)."""
+    """Per tensor: the object in-place writes go through (a DTensor for its local shard)."""
     overlap: list[int]
-    """Indices into `tensors` only the optimizer step changes (parameters, optimizer state):
-    these may be copied after `save` returns. The rest (buffers) are copied before."""
+    """Indices of tensors only the optimizer step changes: may be copied after `save` returns."""
     immediate: list[int]
-    """The other indices, in order: copied before `save` returns in every snapshot mode."""
+    """The other indices: copied before `save` returns."""
     blobs: list[bytes]
     tensor_bytes: int
-    """Bytes of this rank's tensor items (what a snapshot copies)."""
     addresses: list[int | None]
-    """Per tensor in `overlap`: the storage address its holder had when the plan was built
-    (None for the others, whose addresses the fingerprint covers). A copy made later checks
-    them (`moved`)."""
+    """Per tensor in `overlap`: its storage address when the plan was built (checked by `moved`)."""
     on_moved: Any
-    """Called (from any thread) when a copy found one of `addresses` changed: the next
-    `StateCache.source` rebuilds, and checks every address at every save from then on."""
+    """Called from any thread when a copy found an address changed: the next save rebuilds."""
     overlap_holders: list[torch.Tensor]
-    """`holders[i]` for each i in `overlap`, in order (their versions are taken at each save)."""
+    """`holders[i]` for each i in `overlap`."""
 
     def moved(self, which: list[int]) -> str | None:
         """The name of the first tensor among `which` whose storage was replaced, if any."""
@@ -95,24 +71,18 @@ class _Entry:
     overlap: list[int]
     immediate: list[int]
     getters: list[tuple[int, str] | None] | None
-    """Per byte item: (group index, setting) to re-read, or None for a constant; None: no fast
-    path."""
+    """Per byte item: (group, setting) to re-read, or None for a constant."""
     constant_blobs: list[bytes]
     byte_fqns: list[str]
-    """The byte items' names, in plan order (the fast path re-serializes these)."""
     addresses: list[int | None]
     moved: bool = False
-    """A copy found a stepped tensor's storage replaced (set from the copier's thread)."""
     on_moved: Any = None
     settings: list[tuple[int, str]] = dataclasses.field(default_factory=list)
-    """The (group, setting) of every re-read byte item."""
     settings_seen: list | None = None
-    """Their values (deep copies) when `blobs` was serialized."""
+    """Deep copies of the settings when `blobs` was serialized."""
     blobs: list[bytes] | None = None
     source: SaveSource | None = None
-    """The SaveSource of `blobs` (built once: it is never changed)."""
     overlap_holders: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    """`holders[i]` for each i in `overlap` (whose versions each overlapped save records)."""
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -120,8 +90,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Every module once, breadth first (`model.modules()` costs 3x more: a generator per
-    module and a memo of names)."""
+    """Every module once, breadth first (3x cheaper than `model.modules()`)."""
     found, seen = [model], {id(model)}
     for module in found:  # appended to while walked
         for child in module._modules.values():
@@ -138,9 +107,8 @@ _CHILDREN, _PARAMS, _BUFFERS = (operator.attrgetter(name)
 
 @dataclasses.dataclass(eq=False)
 class Fingerprint:
-    """What a save's plan depends on: `objects` (compared by identity, and held so their ids
-    are never reused) and `key` (compared by value). Compare with `matches`; `==` is identity
-    (a generated `==` would compare tensors by value)."""
+    """What a plan depends on: `objects` compared by identity (and held, so ids are never
+    reused), `key` by value. `==` is identity: a generated one would compare tensors."""
 
     objects: list[Any]
     key: tuple
@@ -153,15 +121,8 @@ class Fingerprint:
 
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                 modules: list[torch.nn.Module] | None = None) -> Fingerprint:
-    """The identity of every module, parameter, buffer, param-group tensor and optimizer-state
-    value, the storage addresses of the buffers and param-group tensors, the setting names of
-    every group. Equal fingerprints mean the same tensors, the buffers and param-group tensors
-    in the same storage (see the module docstring for parameters and optimizer state).
-
-    It runs at every save, right after a step, with cold caches, so it is built by C-level
-    iteration (no Python call per tensor) and compared by identity (no ints made per object).
-    `modules`: the modules found by the last fingerprint. Their children are part of this one,
-    so a changed module tree makes it differ (and the caller walks the tree again)."""
+    """Identity of every module, parameter, buffer, param-group tensor and state value, plus
+    buffer storage addresses and setting names. Built by C-level iteration, at every save."""
     if modules is None:
         modules = _modules(model)
     objects: list[Any] = [model, optimizer]
@@ -175,8 +136,7 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
             settings.append(tuple(group))
             unstepped += [v for v in group.values() if isinstance(v, torch.Tensor)]
             objects += group["params"]  # which parameters each group holds
-        # Every state entry, keys (parameters) and values, in order; iterating the dict hashes
-        # nothing (a tensor's hash is a Python-level call).
+        # Iterating the dict hashes nothing (a tensor's hash is a Python-level call).
         state = optimizer.state
         objects += state
         objects += _chain(map(_values, state.values()))
@@ -196,7 +156,7 @@ class StateCache:
         self._plans: dict[tuple, _Plan] = {}
         self._blob_cache: dict[str, tuple[Any, bytes]] = {}
         self._check_addresses = False
-        """A copy found a replaced storage this attempt: check every address at every save."""
+        """A copy found a replaced storage: check every address at every save."""
 
     def clear(self) -> None:
         """Forgets every reference to the model and optimizer (an attempt ended)."""
@@ -206,9 +166,8 @@ class StateCache:
 
     def source(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                copies_later: Any = None) -> SaveSource:
-        """The save's inputs. `copies_later(tensor_bytes)` says whether the stepped tensors will
-        be copied after the caller returns (their copier checks their addresses then); None:
-        everything is copied now, so every address is checked here."""
+        """The save's inputs. `copies_later(tensor_bytes)`: whether the stepped tensors are copied
+        after the caller returns (their copier checks their addresses then)."""
         entry = self._entry
         fp = fingerprint(model, optimizer, entry.fingerprint.modules if entry is not None else None)
         if entry is None or not self._reusable(entry, fp, copies_later):
@@ -295,8 +254,7 @@ def _first_moved(holders: list[torch.Tensor], addresses: list[int | None],
 def _new_plan(state: CapturedState) -> _Plan:
     items, planner_data = state.build_items()
     keys = [(f"{i.index.fqn}|{tuple(i.index.offset or ())}", item_nbytes(i)) for i in items]
-    # Every field of every item and the planner data: a writer that caches the plan by this id
-    # must never pair a ticket with items that differ in anything (a dtype, a shape).
+    # Over every field: a writer caching the plan by id must never pair it with other items.
     plan_id = hashlib.sha1(repr((items, sorted(planner_data.items()))).encode()).hexdigest()[:16]
     tensor_bytes = sum(item_nbytes(i) for i in items if is_tensor_item(i))
     return _Plan(items, planner_data, plan_id, keys, tensor_bytes)
@@ -316,8 +274,7 @@ def _storage(t: torch.Tensor) -> int:
 
 def _stepped_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                      ) -> dict[int, torch.Tensor]:
-    """Storage address -> parameter or optimizer-state tensor: what only `optimizer.step` changes
-    (empty without an optimizer, so everything is copied before `save` returns)."""
+    """Storage address -> parameter or optimizer-state tensor (what only the step changes)."""
     if optimizer is None:
         return {}
     found = {_storage(p): p for p in model.parameters()}
@@ -357,8 +314,7 @@ def _copied(values: list) -> list | None:
 
 
 def _equal_settings(now: list, seen: list | None) -> bool:
-    """Every setting has the value and type it had (`seen` holds copies: an in-place change
-    shows). One C-level list comparison, then the types (no Python call per setting)."""
+    """Every setting has its value and type from `seen` (copies): one C-level comparison."""
     if seen is None or len(now) != len(seen):
         return False
     try:

@@ -1,16 +1,7 @@
 """Durable-shard reports in, steps committed in the order they became complete.
 
-Writers report each durable shard to the commit coordinator, a threaded actor. Reports used to
-be registered only once unpickled, which waited for the coordinator's background import of DCP:
-the reports of two steps (say 2 and 4, saved a second apart while that import still ran) could
-be released together, the commit of step 4 go first, and step 2, complete and durable, then be
-skipped as older than the newest commit.
-
-So a report is registered the moment it arrives, from a plain header (session, step, rank,
-world size), before anything waits; the rest of it is opaque here. The step whose last shard
-arrives joins a FIFO of complete steps; whichever thread holds the commit lock commits them
-from the head, one at a time, so the order of commits is the order in which steps became
-complete.
+A report is registered the moment it arrives (from a plain header), so a complete step is never
+skipped as older than a commit that overtook it while DCP was still importing.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ class CommitQueue:
         self._committing: Key | None = None
 
     def arrive(self, session: str, step: int, rank: int, world_size: int, report: Any) -> bool:
-        """Registers rank `rank`'s durable shard of `step`; True when that completed the step
-        (it is then queued for `drain`)."""
+        """Registers `rank`'s durable shard of `step`; True when that completed (and queued) it."""
         key = (session, step)
         with self._lock:
             shards = self._arrived.setdefault(key, {})
@@ -48,9 +38,7 @@ class CommitQueue:
             return True
 
     def drain(self, commit: Callable[[Key, dict[int, Any]], None]) -> None:
-        """Commits queued steps from the head until none is left. A thread that finds another
-        draining waits for the lock, then usually finds the queue empty: its step was committed
-        in order by the other."""
+        """Commits queued steps from the head until none is left, one thread at a time."""
         with self._commit_lock:
             while True:
                 with self._lock:

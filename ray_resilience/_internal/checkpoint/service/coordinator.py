@@ -1,14 +1,6 @@
-"""`CommitCoordinator`: one actor per run that commits steps and manages the writer pool.
-
-Created by `CheckpointService.start` (threaded actor, `num_cpus=0`). Ranks' hand-off threads vote
-in each save's round (`vote`, `poll_round`; see `rounds.py`), so every rank hands off the same
-steps. Writers report each durable shard; when every rank of a step's session has reported, the
-coordinator has a writer build and write the DCP `.metadata` and the commit manifest (so this
-process never imports torch), tells the writers (memory tier; which writers keep replicas of
-which rank's shard, with `CheckpointConfig.memory_replicas`), prunes old checkpoints and
-leftovers. A new session (`begin_session`, at every attempt's load or
-first save) ends the old session's rounds and makes its shards uncommittable, so two attempts
-never mix.
+"""`CommitCoordinator`: one actor per run. It decides save rounds, commits complete steps through
+a writer (so it never imports torch), keeps the writer pool, tells writers what to keep in
+memory and which replicas to hold, and prunes. A new session ends the old one's rounds.
 """
 
 from __future__ import annotations
@@ -45,9 +37,7 @@ class CommitCoordinator:
         self._failed: dict[tuple[str, int], dict[int, str]] = {}
         self._committed = commit.committed_steps(storage)
         self._holders: dict[layout.StepDir, dict[int, list[str]]] = {}
-        """Per committed step and rank: the writer that wrote the shard, then those asked to keep
-        a replica (`CheckpointConfig.memory_replicas`; a writer that could not says so when a
-        rank asks it, see `CheckpointWriter.memory_entry`)."""
+        """Per committed step and rank: the writer of the shard, then the replica holders."""
         self._commit_seq = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self._counts = collections.Counter()
@@ -63,19 +53,16 @@ class CommitCoordinator:
         """Answers at once: this actor imports no torch (a writer builds each commit)."""
         return True
 
-    # --- writers ----------------------------------------------------------------------------
 
     def ensure_writers(self, node_ids_by_rank: list[str],
                        launched: dict[tuple[str, int], tuple[str, Any]] | None = None,
                        ) -> list[tuple[Any, str]]:
-        """(writer handle, writer id) per rank; dead writers replaced, new nodes served;
-        `launched` writers (created by the service while this actor started) are adopted."""
+        """(writer handle, writer id) per rank; dead writers replaced, `launched` ones adopted."""
         return self._pool.ensure(node_ids_by_rank, launched)
 
     def replace_writer(self, rank: int, dead_writer_id: str) -> tuple[Any, str]:
         return self._pool.replace(rank, dead_writer_id)
 
-    # --- sessions and commits ---------------------------------------------------------------
 
     def begin_session(self, session: str, world_size: int) -> None:
         """A new attempt starts: later reports of older sessions are ignored."""
@@ -87,12 +74,11 @@ class CommitCoordinator:
             self._rounds.begin(session, world_size)
             self._round_cond.notify_all()
 
-    # --- save rounds ------------------------------------------------------------------------
 
     def vote(self, session: str, step: int, rank: int, ready: bool, plan_id: str,
              keys: list[tuple[str, int]] | None, wait_s: float) -> RoundResult | None:
-        """`rank`'s vote in the round of `step`; waits up to `wait_s` for the outcome (None: still
-        open, ask again with `poll_round`)."""
+        """`rank`'s vote in the round of `step`; waits up to `wait_s` for the outcome (None:
+        open)."""
         with self._round_cond:
             self._rounds.vote(session, step, rank, ready=ready, plan_id=plan_id, keys=keys)
             self._round_cond.notify_all()
@@ -123,9 +109,7 @@ class CommitCoordinator:
     def shard_durable(self, session: str, step: int, rank: int, world_size: int,
                       report: tuple[str, float, bytes]) -> None:
         """A writer's report that `rank`'s shard of `step` is durable: (writer id, staged at,
-        its `ShardReport` pickled). The header is plain, so the report is registered before
-        anything waits and steps commit in the order they became complete (`commit_queue`); the
-        pickled part holds DCP types and is only read by the writer that commits the step."""
+        pickled `ShardReport`); registered from the plain header before anything waits."""
         with self._lock:
             if session != self._session:
                 self._counts["stale_reports"] += 1
@@ -141,11 +125,8 @@ class CommitCoordinator:
                 self._failed.pop(next(iter(self._failed)))
 
     def _commit(self, key: tuple[str, int], reports: dict[int, tuple[str, float, bytes]]) -> None:
-        """Called by `CommitQueue.drain` only: one commit at a time, in completion order. A writer
-        builds DCP's metadata and writes the commit (this actor keeps torch out of its process:
-        3-5 CPU-seconds at every run's start); the first that answers does it: a writer on this
-        actor's node first (it cannot be lost without the commit log), then the step's own
-        writers, the one that reported last first (it was alive a moment ago), then any."""
+        """One commit at a time, in completion order, by the first writer that answers: one on this
+        node first, then the step's own writers (the last reporter first), then any."""
         session, step = key
         step_dir = layout.StepDir(step, session)
         with self._lock:
@@ -212,11 +193,9 @@ class CommitCoordinator:
             logger.warning("checkpoint cleanup under %s failed (retried later): %s",
                            self.storage.display(), exc)
 
-    # --- queries ----------------------------------------------------------------------------
 
     def load_info(self, rank: int) -> tuple[list[layout.StepDir], dict[layout.StepDir, list[Any]]]:
-        """Committed steps newest first, and for each the writers that may hold `rank`'s shard
-        in memory: the one that wrote it first, then those holding replicas."""
+        """Committed steps newest first, each with the writers that may hold `rank`'s shard."""
         with self._lock:
             committed = list(self._committed)
             holders = {d: [w for w in map(self._pool.handle, h.get(rank, ())) if w is not None]

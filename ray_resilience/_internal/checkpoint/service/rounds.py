@@ -1,15 +1,7 @@
-"""Save rounds: which step every rank hands to its writer, decided by the commit coordinator.
+"""Save rounds: which step every rank hands to its writer.
 
-Every rank calls `save` at the same steps, and each save is a round. A rank's hand-off thread
-(never its training thread) votes in each round, in step order, once it knows whether it is
-*ready*: its snapshot of that step is complete and untorn and its writer is idle. A round is
-*claimed* when every rank of the session voted ready; then, and only then, every rank hands that
-step off, so no rank writes a step the others dropped. A vote for a later step closes the
-voter's earlier open rounds as not claimed (it will never vote in them).
-
-Rounds also carry each rank's plan (its item keys and sizes) so the coordinator can say which
-rank writes each replicated item (`assign_owners`), computed once per plan combination.
-`RoundTable` is plain bookkeeping without locks; the coordinator serializes calls into it.
+A rank votes ready once its snapshot is complete and its writer idle; a round is claimed when
+every rank of the session voted ready, and only then does every rank hand the step off.
 """
 
 from __future__ import annotations
@@ -125,9 +117,8 @@ class RoundTable:
 
 
 def assign_owners(keys_by_rank: list[list[tuple[str, int]]]) -> list[list[bool]]:
-    """Which rank writes each item: items held by one rank stay with it; an item held by several
-    ranks (replicated state) goes to the holder with the fewest bytes assigned so far (ties: the
-    lowest rank). Deterministic, so every rank computes the same answer from the same input."""
+    """Which rank writes each item: an item held by several ranks goes to the holder with the
+    fewest bytes so far (ties: the lowest rank); deterministic on every rank."""
     holders: dict[str, list[int]] = {}
     sizes: dict[str, int] = {}
     for rank, keys in enumerate(keys_by_rank):

@@ -1,7 +1,5 @@
-"""`CheckpointService`: the supervisor's handle on a run's checkpointing.
-
-`start` checks that storage is writable (failing fast with the path), starts the commit
-coordinator and the writers, and hands out a `RankCheckpointSpec` per rank for the worker actors.
+"""`CheckpointService`: the supervisor's handle on the coordinator and the writers; hands out
+a `RankCheckpointSpec` per rank.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ COORDINATOR_MAX_CONCURRENCY = 64
 
 
 class CheckpointService:
-    """Supervisor side. Created once per run by `start`; `ensure_writers` after respawns;
-    `shutdown` at the end. Methods block on short actor calls only."""
+    """Supervisor side: `start` once per run, `ensure_writers` after respawns, `shutdown` at the
+    end."""
 
     def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any,
                  writers: list[tuple[Any, str]], local_root: str | None = None) -> None:
@@ -41,8 +39,8 @@ class CheckpointService:
     def start(cls, *, storage_path: str, run_name: str, storage_filesystem: pafs.FileSystem | None,
               world_size: int, node_ids_by_rank: list[str], config: CheckpointConfig,
               ) -> CheckpointService:
-        """Checks storage, starts the coordinator (on this node, the supervisor's: a lost
-        worker node must not take the commit log with it) and the writers."""
+        """Checks storage, starts the coordinator on this (the supervisor's) node, and the
+        writers."""
         if len(node_ids_by_rank) != world_size:
             raise ValueError(f"node_ids_by_rank has {len(node_ids_by_rank)} entries for "
                              f"world_size={world_size}; give one node id per rank")
@@ -58,8 +56,7 @@ class CheckpointService:
             # On the supervisor's node.
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         ).remote(storage=storage, config=config, local_root=local_root)
-        # The writers' processes start now, alongside the coordinator's (each imports torch:
-        # seconds), instead of after it; the coordinator adopts them.
+        # Writers start alongside the coordinator (each imports torch), which adopts them.
         launched = {(node, index): launch_writer(storage=storage, config=config,
                                                  coordinator=coordinator, node_id=node,
                                                  index=index, local_root=local_root)
@@ -90,9 +87,8 @@ class CheckpointService:
         return [self.rank_spec(rank) for rank in range(len(self._writers))]
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Waits until the coordinator and every writer finished importing DCP in the background
-        (a few CPU-seconds each, done while the ranks start). Optional: saves made earlier are
-        queued, not lost. Benchmarks call it so that start-up CPU is not counted against saves."""
+        """Waits until the coordinator and writers finished importing DCP (benchmarks call it so
+        start-up CPU is not counted against saves; saves made earlier are queued, not lost)."""
         handles = [self._coordinator, *{wid: w for w, wid in self._writers}.values()]
         ray.get([h.ready.remote() for h in handles],
                 timeout=checkpoint_call_timeout_s() if timeout_s is None else timeout_s)
@@ -102,8 +98,7 @@ class CheckpointService:
                        timeout=checkpoint_call_timeout_s())
 
     def stats(self) -> dict[str, Any]:
-        """Committed and pending steps, commit latencies, and per writer: memory used (memory
-        tier, replicas and in-flight bytes), shards received/durable/failed, retries, last error."""
+        """Committed and pending steps, commit latencies, and per writer its memory and counters."""
         stats = ray.get(self._coordinator.stats.remote(), timeout=checkpoint_call_timeout_s())
         stats["memory_bytes"] = sum(w.get("memory_tier_bytes", 0) + w.get("replica_bytes", 0)
                                     + w.get("in_flight_bytes", 0) for w in stats["writers"])

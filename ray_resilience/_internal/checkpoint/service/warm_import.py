@@ -1,11 +1,5 @@
-"""Background import of torch's DCP for the checkpoint service's actors.
-
-The writers and the commit coordinator start without torch (3-4 s to import on a small CPU
-machine), so the service is up while the ranks still start. Their first write and first commit
-need DCP's types, though; importing them then made the first checkpoint of a run seconds late,
-and a rank failing meanwhile lost every save of its attempt. So each actor imports them on a
-background thread as it starts, and whatever carries DCP types to it travels as bytes, unpickled
-only after that import is done: never two threads inside torch's import at once.
+"""Background import of torch's DCP for the checkpoint service's actors: they start without it,
+and messages carrying DCP types are unpickled only once the import is done.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ class WarmImport:
         self._done.wait()
 
     def loads(self, data: bytes) -> Any:
-        """Unpickles an RPC message from this service's own ranks or writers (never data read
-        from storage), once the import is over."""
+        """Unpickles a message from this service's own ranks or writers, after the import."""
         self._done.wait()
         return pickle.loads(data)
 

@@ -1,13 +1,8 @@
 """`CheckpointWriter`: the node-local writer actor.
 
-Created by the commit coordinator, one or more per node hosting ranks (node affinity,
-`num_cpus=0`, threaded). A rank calls `receive` with its snapshot object; the writer copies it
-into an object it owns (a Ray object dies with the process that created it, and the rank may
-die first), persists it to storage in a thread, reports durability to the coordinator and
-answers the rank's `wait`. After the coordinator commits a step, the writer keeps that shard as
-the memory tier (within its budget) until a newer step commits, and, with
-`CheckpointConfig.memory_replicas`, hands it to the other writers the coordinator chose, which
-keep their own copies as replicas (`hold_replica`).
+It copies a rank's snapshot into an object it owns, persists it in a thread, reports durability
+to the coordinator, keeps the newest committed shard as the memory tier, and holds replicas of
+other writers' shards (`hold_replica`).
 """
 
 from __future__ import annotations
@@ -57,8 +52,8 @@ class _Shard:
 
 
 class CheckpointWriter:
-    """Persists shards handed over by the ranks of its node. Plain class; the coordinator wraps
-    it with `ray.remote`. May assume each rank has at most one shard in flight at a time."""
+    """Persists shards handed over by the ranks of its node; the coordinator wraps it with
+    `ray.remote`. At most one shard per rank is in flight."""
 
     def __init__(self, *, writer_id: str, storage: CheckpointStorage, config: CheckpointConfig,
                  coordinator: Any, memory_budget_bytes: int | None,
@@ -74,8 +69,7 @@ class CheckpointWriter:
         self._replicas: dict[int, MemoryEntry] = {}
         """Other writers' ranks' shards of the newest commit, held as replicas."""
         self._commit_seq = 0
-        """The newest commit this writer heard of (the coordinator numbers them): the calls of a
-        threaded actor may run out of order, and an older commit must never drop a newer one."""
+        """The newest commit heard of: threaded calls may run out of order."""
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
         self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0,
                         "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0}
@@ -86,9 +80,7 @@ class CheckpointWriter:
         self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io",
                                  "ray_resilience._internal.checkpoint.format.dcp_metadata")
                       if config.interval_steps else WarmImport())
-        # Every other thread (and those started later, e.g. the pool's) at the configured level;
-        # the one-time import keeps Ray's: at idle priority on a busy node it delayed a run's
-        # first commits by seconds.
+        # Writer threads at the configured priority; the one-time import keeps Ray's.
         self.priority = lower_process(config.writer_priority_now, keep=(self._warm.thread_id,))
 
     def ping(self) -> dict[str, Any]:
@@ -106,10 +98,8 @@ class CheckpointWriter:
         return True
 
     def receive(self, message: bytes, boxed: list[Any]) -> str | None:
-        """Takes a rank's snapshot (its `SaveTicket` pickled: it holds DCP types, see
-        `warm_import`): copies it into a writer-owned object, queues the write. A ticket may
-        leave out the plan (items, planner data) this writer got with an earlier one; returns
-        `NEED_PLAN`, taking nothing, when it does not hold that plan."""
+        """Takes a rank's pickled `SaveTicket`, copies its snapshot into a writer-owned object and
+        queues the write; `NEED_PLAN`, taking nothing, when the ticket names an unknown plan."""
         ticket: SaveTicket = self._warm.loads(message)
         plan_key = (ticket.rank, ticket.plan_id)
         with self._cond:
@@ -170,10 +160,8 @@ class CheckpointWriter:
                                        write_s=time.time() - start))
 
     def commit_step(self, session: str, step: int, reports: dict[int, bytes]) -> None:
-        """Commits `step` for the coordinator: builds DCP's `.metadata` from every rank's
-        `ShardReport` (pickled: they hold DCP types, which this process has imported and the
-        coordinator does not), then writes it and the commit manifest (`commit.commit_step`),
-        retried like shard writes. Raises when the step could not be committed."""
+        """Builds DCP's `.metadata` from every rank's `ShardReport` and writes it and the commit
+        manifest, retried like shard writes; raises when the step could not be committed."""
         # DCP: imported by the WarmImport thread, never at this module's import.
         from ray_resilience._internal.checkpoint.format.dcp_metadata import (  # noqa: PLC0415 - see above
             build_metadata,
@@ -227,9 +215,8 @@ class CheckpointWriter:
 
     def on_commit(self, session: str, step: int, seq: int = 0,
                   replica_holders: dict[int, list[Any]] | None = None) -> None:
-        """The coordinator committed (session, step), its `seq`-th commit: its shards become the
-        memory tier, older shards, memory entries and replicas are dropped; each promoted shard
-        goes to the writers `replica_holders` names for its rank."""
+        """The coordinator's `seq`-th commit: its shards become the memory tier, older ones are
+        dropped, and each goes to the writers `replica_holders` names."""
         promoted: list[tuple[int, MemoryEntry]] = []
         with self._cond:
             if seq < self._commit_seq:
@@ -277,10 +264,8 @@ class CheckpointWriter:
 
     def hold_replica(self, rank: int, session: str, step: int, seq: int, items: bytes,
                      boxed: list[Any]) -> bool:
-        """Keeps a copy of `rank`'s shard of committed (session, step) that another writer holds
-        in `boxed[0]`: copied into an object this writer owns (it must outlive the sender), then
-        answered from `memory_entry`. False when a newer commit came first, the budget is full
-        or the sender is gone."""
+        """Keeps a copy of `rank`'s committed shard that another writer holds in `boxed[0]`; False
+        when a newer commit came first, the budget is full or the sender is gone."""
         try:
             entry_items = self._warm.loads(items)
             payload = ray.get(boxed[0], timeout=env_float(REPLICA_GET_TIMEOUT_ENV_VAR,
@@ -303,8 +288,7 @@ class CheckpointWriter:
         return True
 
     def memory_entry(self, rank: int, session: str, step: int) -> MemoryEntry | None:
-        """Rank `rank`'s shard of committed (session, step) if held in memory (its own or a
-        replica)."""
+        """`rank`'s shard of committed (session, step) if held in memory (own or replica)."""
         with self._cond:
             for held in (self._memory, self._replicas):
                 entry = held.get(rank)

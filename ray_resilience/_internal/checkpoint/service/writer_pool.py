@@ -1,8 +1,5 @@
-"""`WriterPool`: the writer actors of a run, `writers_per_node` on each node hosting ranks.
-
-Lives inside the commit coordinator (which therefore owns the writers). Writers are pinned to
-their node (hard node affinity), take no CPU from the scheduler (`num_cpus=0`), and are
-threaded so status calls are answered while shards are written.
+"""`WriterPool`: a run's writer actors, `writers_per_node` on each node hosting ranks, owned by
+the commit coordinator; pinned to their node, `num_cpus=0`, threaded.
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ class WriterPool:
         self._rank_slot: dict[int, tuple[str, int]] = {}
 
     def _start(self, node_id: str, index: int, launched: tuple[str, Any] | None = None) -> _Slot:
-        """A writer for (node, index), answering; `launched` is one already created by
-        `launch_writer` (the service starts writers while this coordinator starts)."""
+        """A writer for (node, index), answering; adopts `launched` if given."""
         writer_id, handle = launched or launch_writer(
             storage=self._storage, config=self._config, coordinator=self._coordinator,
             node_id=node_id, index=index, local_root=self._local_root)
@@ -88,8 +84,7 @@ class WriterPool:
         self, node_ids_by_rank: list[str],
         launched: dict[tuple[str, int], tuple[str, Any]] | None = None,
     ) -> list[tuple[Any, str]]:
-        """(writer handle, writer id) for each rank; starts missing writers (adopting those in
-        `launched`, keyed by (node, index)), replaces dead ones."""
+        """(writer handle, writer id) per rank; starts missing writers, replaces dead ones."""
         launched = dict(launched or {})
         with self._lock:
             nodes = list(dict.fromkeys(node_ids_by_rank))
@@ -143,9 +138,7 @@ class WriterPool:
         return None
 
     def replica_holders(self, writer_id: str, count: int) -> list[str]:
-        """Up to `count` writers other than `writer_id` to keep replicas of its shards: writers
-        on other nodes first (a lost node then loses no replica with it), then other writers on
-        the same node (they outlive a writer process's death)."""
+        """Up to `count` other writers for replicas: other nodes first, then the same node."""
         with self._lock:
             slots = list(self._slots.values())
         own = next((s for s in slots if s.writer_id == writer_id), None)
