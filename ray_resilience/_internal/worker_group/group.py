@@ -1,4 +1,9 @@
-"""The ranks' actors in their placement-group bundles: create, launch attempts, kill, replace, tear down."""
+"""The ranks' actors in their placement-group bundles: create, launch attempts, kill, replace,
+tear down.
+
+Every Ray call the supervisor makes on its ranks goes through `WorkerGroup` (see `RankCalls`), so
+the supervisor's state machine runs unchanged on a dummy group in unit tests.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,19 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ray_resilience.config import ScalingConfig
-from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
+from ray_resilience._internal.attempt import AttemptSpec
 from ray_resilience._internal.constants import SLOW_WAIT_WARNING_S, WORKER_MAX_CONCURRENCY
 from ray_resilience._internal.rank import preimport
-from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
 from ray_resilience._internal.rank.actor import WorkerActor
+from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
+from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
+from ray_resilience._internal.worker_group.rank_calls import RankCalls
+from ray_resilience.config import ScalingConfig
 
 log = logging.getLogger(__name__)
 
 
-class WorkerGroup:
+class WorkerGroup(RankCalls):
     """Owns the ranks' bundles (see `bundles.py`) and one actor per rank."""
 
     def __init__(self, scaling: ScalingConfig, train_fn: bytes, train_config: Any,
@@ -58,10 +65,6 @@ class WorkerGroup:
         """Current number of ranks (below num_workers after a shrink)."""
         return len(self.actors) if self.actors else self.scaling.num_workers
 
-    def start(self, placement_timeout_s: float) -> None:
-        self.reserve(placement_timeout_s)
-        self.spawn()
-
     def reserve(self, placement_timeout_s: float) -> None:
         """Creates the placement group (ranks plus spares) and waits until it is placed."""
         self._reserved = self.bundles.reserve(self.world_size + self.num_spares, placement_timeout_s)
@@ -90,12 +93,8 @@ class WorkerGroup:
 
     def replenish_spares(self, exclude: set[str]) -> None:
         """Starts a spare in each bundle a spare left when it took over a rank (none on a node
-        in `exclude`).
-
-        Called by the supervisor once the recovery that used them has a completed step: a new
-        spare spends its first seconds importing torch, and on a small node that CPU would be
-        taken from the recovery itself (measured here: the memory-tier load of a respawn took
-        0.5-0.9 s with a spare starting alongside, 0.25-0.3 s without)."""
+        in `exclude`). Called once the recovery that used them has a completed step: a new
+        spare's imports would take CPU from the recovery itself."""
         bundles, self._spare_bundles = self._spare_bundles, []
         for bundle in bundles:
             if self.bundles.node_of(bundle) not in exclude:
@@ -152,7 +151,7 @@ class WorkerGroup:
         for item in self.info:
             if item["node_id"] not in node_order:
                 node_order.append(item["node_id"])
-        local_rank, counts = [], {n: 0 for n in node_order}
+        local_rank, counts = [], dict.fromkeys(node_order, 0)
         for item in self.info:
             local_rank.append(counts[item["node_id"]])
             counts[item["node_id"]] += 1
@@ -164,7 +163,7 @@ class WorkerGroup:
         """Address and a free port on rank 0's node for a new rendezvous."""
         return self.info[0]["ip"], ray.get(self.actors[0].free_port.remote(), timeout=60)
 
-    def launch(self, specs: list[Any]) -> dict[Any, int]:
+    def launch(self, specs: list[AttemptSpec]) -> dict[Any, int]:
         """Starts one attempt on every rank; returns {run future: rank}."""
         return {self.actors[s.rank].run_attempt.remote(s): s.rank for s in specs}
 
@@ -267,6 +266,15 @@ class WorkerGroup:
         for rank in sorted(ranks, reverse=True):
             self.kill(rank)
             del self.actors[rank], self.info[rank], self.bundle_of[rank]
+
+
+def create_worker_group(*, scaling: ScalingConfig, train_fn: bytes, train_config: Any,
+                        env_vars: dict[str, str], num_spares: int = 0,
+                        num_prestarted: int = 0) -> WorkerGroup:
+    """The group of the calling supervisor actor: ranks send heartbeats to its handle."""
+    me = ray.get_runtime_context().current_actor
+    return WorkerGroup(scaling, train_fn, train_config, me, env_vars, num_spares=num_spares,
+                       num_prestarted=num_prestarted)
 
 
 def kill_quietly(actor: Any) -> None:
