@@ -76,10 +76,10 @@ class FaultHistory:
         self.faults.append(fault)
         return fault
 
-    def repaired(self, done: RepairOutcome, *, teardown: DetectedFault | None = None) -> None:
-        """Notes what the repair of the last fault did (`teardown`: the fault as revised once
-        the attempt was closed); the respawned ranks count only when it succeeded."""
-        fault = dataclasses.replace(teardown or self.last, excluded_nodes=done.excluded_nodes,
+    def repaired(self, done: RepairOutcome, *, revised: DetectedFault | None = None) -> None:
+        """Notes what the repair of the last fault did (`revised`: the fault as it stands once
+        its attempt was closed); the respawned ranks count only when the repair succeeded."""
+        fault = dataclasses.replace(revised or self.last, excluded_nodes=done.excluded_nodes,
                                     replacements=done.replacements)
         if done.error is None:
             fault = dataclasses.replace(fault, respawned=done.respawned)

@@ -99,5 +99,7 @@ class Ended(State):
     error: BaseException | None = None
 
 
-SCHEDULING, STARTING, RUNNING = State(RunState.SCHEDULING), State(RunState.STARTING), \
-    State(RunState.RUNNING)
+SCHEDULING = State(RunState.SCHEDULING)
+STARTING = State(RunState.STARTING)
+RUNNING = State(RunState.RUNNING)
+"""The states without a payload (one instance each: `_set_state` compares by identity)."""

@@ -299,7 +299,7 @@ class Supervisor:
         for outcome in done.outcomes:
             self.record.add_outcome(outcome)
         closed = None if done.t_torn is None else self._close_attempt(current.fault, done)
-        self._history.repaired(done, teardown=closed)
+        self._history.repaired(done, revised=closed)
         if done.error is not None:
             return Ended(RunState.FAILED, done.error)
         if done.dropped:  # continue without them: ranks above each gap shift down
