@@ -10,8 +10,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ray_resilience.callbacks import Callback
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
+from ray_resilience.policy.base import RecoveryPolicy
 from ray_resilience.policy.parts import Compose, FaultCounter, MaxAttempts, NoProgressLimit
 from ray_resilience.policy.state import RecoveryState
 
@@ -23,6 +25,18 @@ def _positive(field: str, value: float, *, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(field, value, f"must be {bound}.")
+
+
+def _check_picklable(field: str, value: object) -> None:
+    """It travels to the supervisor actor: fail here, not in Ray's actor creation."""
+    from ray import cloudpickle  # noqa: PLC0415 - ray loads only when a callback or policy is set
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same fix
+        raise ConfigError(field, value, f"must be picklable (it runs in the supervisor actor): "
+                                        f"{type(exc).__name__}: {exc}. Keep locks, sockets and "
+                                        "open files out of it, or create them lazily.") from None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -81,6 +95,8 @@ class RunConfig:
     """Optional pyarrow.fs.FileSystem to use for storage_path (as in Ray Train)."""
     verbose: bool = True
     """Show live progress and a summary on the driver."""
+    callbacks: list[Callback] = dataclasses.field(default_factory=list)
+    """`ray_resilience.callbacks.Callback`s run in the supervisor actor on run events."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _RUN_NAME.match(self.name):
@@ -90,6 +106,14 @@ class RunConfig:
         if not isinstance(self.storage_path, str) or not self.storage_path:
             raise ConfigError("RunConfig.storage_path", self.storage_path,
                               "give a local/FSx directory or an s3://bucket/prefix URI.")
+        if not isinstance(self.callbacks, (list, tuple)):
+            raise ConfigError("RunConfig.callbacks", self.callbacks, "must be a list of Callbacks.")
+        for i, callback in enumerate(self.callbacks):
+            if not isinstance(callback, Callback):
+                raise ConfigError(f"RunConfig.callbacks[{i}]", callback,
+                                  "must be an instance of ray_resilience.callbacks.Callback.")
+            _check_picklable(f"RunConfig.callbacks[{i}]", callback)
+        self.callbacks = list(self.callbacks)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -120,6 +144,8 @@ class ResilienceConfig:
     """Silence allowed inside a user-marked phase (`with ray_resilience.phase("validation")`)."""
     adaptive_timeouts: Any = None
     """AdaptiveTimeouts: learn the hang timeouts from the intervals observed (None: fixed)."""
+    recovery_policy: RecoveryPolicy | None = None
+    """Decides what to do about each fault (None: `DefaultRecoveryPolicy` over the two rungs)."""
 
     def __post_init__(self) -> None:
         for name in ("first_step_timeout_s", "step_timeout_s", "progress_interval_s",
@@ -142,6 +168,12 @@ class ResilienceConfig:
                 "ResilienceConfig.process_group_timeout_s", self.process_group_timeout_s,
                 f"must be longer than step_timeout_s={self.step_timeout_s}: the supervisor "
                 "must see a hang before torch.distributed times out.")
+        if self.recovery_policy is not None:
+            if not isinstance(self.recovery_policy, RecoveryPolicy):
+                raise ConfigError("ResilienceConfig.recovery_policy", self.recovery_policy,
+                                  "must be a ray_resilience.policy.RecoveryPolicy (subclass it and "
+                                  "implement decide), or None for the default ladder.")
+            _check_picklable("ResilienceConfig.recovery_policy", self.recovery_policy)
 
     @classmethod
     def disabled(cls, **kwargs: Any) -> ResilienceConfig:

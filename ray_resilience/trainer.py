@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
-from ray_resilience.errors import ConfigError, RunAbortedError
-from ray_resilience.result import Result
 from ray_resilience._internal import run_folder
-from ray_resilience._internal.run_folder import write_run_artifacts
 from ray_resilience._internal.constants import (
-    DEFAULT_SHUTDOWN_TIMEOUT_S, SUPERVISOR_MAX_CONCURRENCY, SUPERVISOR_NAME_PREFIX, forwarded_env)
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    SUPERVISOR_MAX_CONCURRENCY,
+    SUPERVISOR_NAME_PREFIX,
+    forwarded_env,
+)
 from ray_resilience._internal.display import ProgressDisplay
-from ray_resilience._internal.worker_group.resources import check_cluster_can_host
+from ray_resilience._internal.run_folder import write_run_artifacts
+from ray_resilience._internal.supervisor.outcome import RunOutcome
 from ray_resilience._internal.supervisor.supervisor import Supervisor
+from ray_resilience._internal.worker_group.resources import check_cluster_can_host
+from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
+from ray_resilience.errors import ConfigError
+from ray_resilience.result import Result
 
 log = logging.getLogger(__name__)
-
 
 
 class ResilientTrainer:
@@ -48,8 +53,8 @@ class ResilientTrainer:
     def _validate_plan(self) -> None:
         in_job = self.resilience.in_job
         if in_job is not None and (in_job.min_workers or 0) > self.scaling_config.num_workers:
-            raise ConfigError("InJobConfig.min_workers", in_job.min_workers,
-                              f"must be <= ScalingConfig.num_workers={self.scaling_config.num_workers}.")
+            raise ConfigError("InJobConfig.min_workers", in_job.min_workers, f"must be <= "
+                              f"ScalingConfig.num_workers={self.scaling_config.num_workers}.")
         plan = self.resilience.fault_plan
         if plan is None:
             return
@@ -59,8 +64,8 @@ class ResilientTrainer:
             raise ConfigError(
                 "ResilienceConfig.fault_plan", harness,
                 "these kinds are fired by a test harness that controls nodes, writers or storage "
-                "(see tests/support/node_loss_run.py and tests/ray/test_checkpoint_faults.py), not by the "
-                "trainer; keep them out of the plan given to ResilientTrainer.")
+                "(see tests/support/node_loss_run.py and tests/ray/test_checkpoint_faults.py), "
+                "not by the trainer; keep them out of the plan given to ResilientTrainer.")
 
     def fit(self) -> Result:
         """Runs to completion (or failure) and returns the `Result`. Starts Ray if needed."""
@@ -68,22 +73,15 @@ class ResilientTrainer:
             ray.init()
         in_job = self.resilience.in_job
         check_cluster_can_host(self.scaling_config, in_job.num_spares if in_job is not None else 0)
-        fs, base = run_folder.resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
+        fs, base = run_folder.resolve(self.run_config.storage_path,
+                                      self.run_config.storage_filesystem)
         run_path = posixpath.join(base, self.run_config.name)
         run_folder.check_writable(fs, run_path, field="RunConfig.storage_path",
                                value=self.run_config.storage_path)
         run_dir = run_folder.run_dir_uri(self.run_config.storage_path, self.run_config.name)
         supervisor = self._start_supervisor(run_dir)
-        payload = self._wait(supervisor)
-        result = Result(
-            metrics=payload["metrics"], metrics_history=payload["metrics_history"],
-            path=run_dir, error=payload["error"], state=payload["state"],
-            attempts=payload["attempts"], faults=payload["faults"],
-            return_values=[None if v is None else ray.cloudpickle.loads(v)  # the ranks' own returns
-                           for v in payload["return_values"]], worker_pids=payload["worker_pids"],
-            wall_s=payload["wall_s"], goodput=payload.get("goodput"),
-            timeouts=payload.get("timeouts"),
-            checkpoint=payload.get("checkpoint"))
+        outcome = self._wait(supervisor)
+        result = outcome.to_result(run_dir, ray.cloudpickle.loads)  # the ranks' own returns
         write_run_artifacts(fs, run_path, result)
         if self.run_config.verbose:
             ProgressDisplay(self.run_config.name).summary(result)
@@ -109,12 +107,14 @@ class ResilientTrainer:
             runtime_env={"env_vars": env} if env else None,
         ).remote(
             # Bytes: only the ranks unpickle the train function (and import what it needs).
-            train_fn=ray.cloudpickle.dumps(self._fn), train_config=self._config, scaling=self.scaling_config,
+            train_fn=ray.cloudpickle.dumps(self._fn), train_config=self._config,
+            scaling=self.scaling_config,
             resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
             env_vars=env, storage_path=self.run_config.storage_path,
-            storage_filesystem=self.run_config.storage_filesystem)
+            storage_filesystem=self.run_config.storage_filesystem,
+            callbacks=self.run_config.callbacks)
 
-    def _wait(self, supervisor: Any) -> dict[str, Any]:
+    def _wait(self, supervisor: Any) -> RunOutcome:
         run_ref = supervisor.run.remote()
         try:
             with ProgressDisplay(self.run_config.name, enabled=self.run_config.verbose) as display:
@@ -133,14 +133,6 @@ class ResilientTrainer:
                 pass
             raise
         except ray.exceptions.RayActorError as exc:
-            return _lost_supervisor(exc)
+            return RunOutcome.lost_supervisor(exc)
         finally:
             ray.kill(supervisor, no_restart=True)
-
-
-def _lost_supervisor(exc: BaseException) -> dict[str, Any]:
-    err = RunAbortedError(f"the supervisor actor died: {exc}")
-    return {"metrics": {}, "metrics_history": [], "error": err, "state": "failed",
-            "attempts": 0, "faults": [], "return_values": [], "worker_pids": [], "wall_s": 0.0}
-
-

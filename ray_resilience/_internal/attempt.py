@@ -1,4 +1,4 @@
-"""What the supervisor hands a rank for one attempt, and what the rank hands back."""
+"""What the supervisor hands a rank for one attempt, and what comes back (an outcome, or a loss)."""
 
 from __future__ import annotations
 
@@ -57,3 +57,13 @@ class AttemptOutcome:
     checkpoint_saves: list = dataclasses.field(default_factory=list)
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Timed phases the rank went through (e.g. checkpoint_load with its tier)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankLost:
+    """A rank's run call ended without an outcome: its actor died."""
+
+    rank: int
+    node_lost: bool
+    """Ray declared the rank's node dead (else the process alone died)."""
+    detail: str

@@ -1,9 +1,11 @@
-"""The driver's live progress (step, loss, steps/s, restarts) and closing summary."""
+"""The driver's live progress (step, loss, steps/s, restarts), the run's events as they happen
+(faults, recoveries, commits: from the supervisor's event stream) and the closing summary."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -36,6 +38,8 @@ class ProgressDisplay:
         self._last_log = 0.0
         self._rate: list[tuple[float, int]] = []
         self._run_name = run_name
+        self._seen = 0
+        """The newest event number printed."""
 
     def __enter__(self) -> ProgressDisplay:
         if self._enabled and self._tty:
@@ -50,6 +54,7 @@ class ProgressDisplay:
     def update(self, status: dict[str, Any]) -> None:
         if not self._enabled:
             return
+        self._print_events(status.get("events") or ())
         now, step = time.monotonic(), status.get("step")
         if step is not None:
             self._rate = [(t, s) for t, s in self._rate if now - t < 10.0] + [(now, step)]
@@ -63,6 +68,18 @@ class ProgressDisplay:
         elif now - self._last_log >= self._log_every_s:
             self._last_log = now
             print(text, flush=True)
+
+    def _print_events(self, events: Sequence[dict[str, Any]]) -> None:
+        """Each event once, above the live line (or as a log line without a terminal)."""
+        for event in events:
+            if event["seq"] <= self._seen:
+                continue
+            self._seen = event["seq"]
+            line = f"{self._run_name}  {event['text']}"
+            if self._live is not None:
+                self._console.print(line, markup=False, highlight=False)
+            else:
+                print(line, flush=True)
 
     def summary(self, result: Any) -> None:
         if not self._enabled:

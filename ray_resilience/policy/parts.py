@@ -52,14 +52,10 @@ class FaultCounter:
         return sorted(r for r, n in counts.items() if n > self.max_faults_per_rank)
 
 
-#: Fault causes that point at the machine more than at the code: counted per node.
-NODE_FAULT_CAUSES = frozenset({"actor_died", "oom", "unresponsive", "stuck", "node_lost", "hang"})
-
-
 @dataclasses.dataclass(frozen=True)
 class NodeExclusion:
     """Nodes on which more than `max_node_faults` faults lost a rank's process or hung it
-    (SIGKILL, OOM, segfault, frozen, lost, hung; exceptions are the code's, not the node's).
+    (`FaultCause.node_fault`: exceptions are the code's, not the node's).
     Returns node ids to exclude; the ranks there move to other nodes."""
 
     max_node_faults: int
@@ -67,7 +63,7 @@ class NodeExclusion:
     def __call__(self, state: RecoveryState) -> list[str]:
         counts: dict[str, int] = {}
         for fault in state.faults:
-            if fault.cause in NODE_FAULT_CAUSES:
+            if fault.cause.node_fault:
                 for node in set(fault.nodes):
                     counts[node] = counts.get(node, 0) + 1
         return sorted(n for n, c in counts.items()

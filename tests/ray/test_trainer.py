@@ -10,16 +10,26 @@ import ray._private.state as gcs
 import torch
 
 import ray_resilience as rr
+from ray_resilience._internal.rank.actor import WorkerActor
+from ray_resilience._internal.supervisor.supervisor import Supervisor
 from ray_resilience.errors import WorkerError
 from tests.support import workload
 
+OUR_ACTOR_CLASSES = (WorkerActor.__name__, Supervisor.__name__)
+"""Rank (and spare) actors and the supervisor, by the class names the GCS lists them under."""
 
-def _our_leftovers(ray) -> tuple[list, list]:
-    """Live actors and placement groups of ours, read from the GCS (no dashboard needed)."""
-    actors = [a for a in gcs.actors().values()
-              if a["State"] != "DEAD" and a["ActorClassName"] in ("Worker", "Supervisor")]
-    groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
-    return actors, groups
+
+def _our_leftovers(ray, *, within_s: float = 15.0) -> tuple[list, list]:
+    """Live actors and placement groups of ours, read from the GCS (no dashboard needed); waits
+    up to `within_s` for them to go (ray.kill and placement-group removal are asynchronous)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        actors = [a for a in gcs.actors().values()
+                  if a["State"] != "DEAD" and a["ActorClassName"] in OUR_ACTOR_CLASSES]
+        groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+        if (not actors and not groups) or time.monotonic() >= deadline:
+            return actors, groups
+        time.sleep(0.1)
 
 
 def _alive(pid: int, *, within_s: float = 15.0) -> bool:

@@ -1,9 +1,11 @@
-"""Frozen recovery states and fault events for policy tests, built in one line each."""
+"""Frozen recovery states for policy tests, built in one line each, and the default decision."""
 
 from __future__ import annotations
 
-from ray_resilience._internal.supervisor.state import FaultEvent
-from ray_resilience.policy import FaultRecord, RecoveryState
+import dataclasses
+
+from ray_resilience.config import ResilienceConfig
+from ray_resilience.policy import DefaultRecoveryPolicy, FaultRecord, RecoveryState
 
 
 def fault(cause: str, *ranks: int, attempt: int = 0,
@@ -17,5 +19,7 @@ def state(*faults: FaultRecord, progress: tuple = (), world_size: int = 2) -> Re
                          or tuple(range(10, 10 * (len(faults) + 1), 10)))
 
 
-def event(cause: str, *ranks: int) -> FaultEvent:
-    return FaultEvent(cause=cause, ranks=list(ranks), attempt=0, t_detect=0.0)
+def decide(current: RecoveryState, cfg: ResilienceConfig, num_respawns: int):
+    """The default policy's decision on the last fault of `current`."""
+    policy = DefaultRecoveryPolicy(cfg.in_process, cfg.in_job)
+    return policy.decide(current.current, dataclasses.replace(current, num_respawns=num_respawns))

@@ -1,4 +1,4 @@
-"""Import hygiene: the public names resolve, and the control plane never imports torch."""
+"""Import hygiene: the public names resolve, the control plane imports no torch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.mark.parametrize("module", ["ray_resilience", "ray_resilience.checkpoint",
+@pytest.mark.parametrize("module", ["ray_resilience", "ray_resilience.callbacks",
+                                    "ray_resilience.checkpoint",
                                     "ray_resilience.goodput", "ray_resilience.policy",
                                     "ray_resilience.testing"])
 def test_public_names_resolve(module):

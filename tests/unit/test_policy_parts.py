@@ -1,4 +1,4 @@
-"""The recovery policy's parts and its ladder on frozen states, without Ray or actors."""
+"""The recovery parts and the default policy on frozen states, without Ray or actors."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import ray_resilience as rr
 from ray_resilience.errors import RestartLimitError
 from ray_resilience.policy import (
+    Action,
     Compose,
     FaultCounter,
     FaultRecord,
@@ -15,8 +16,7 @@ from ray_resilience.policy import (
     NoProgressLimit,
     RecoveryState,
 )
-from ray_resilience.policy.ladder import decide
-from tests.support.recovery_states import event, fault, state
+from tests.support.recovery_states import decide, fault, state
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -50,24 +50,26 @@ def test_compose_unions_in_order_without_duplicates():
 
 def test_policy_exception_restarts_in_process_and_a_dead_rank_is_respawned():
     cfg = rr.ResilienceConfig.default()
-    soft = decide(event("exception", 1), state(fault("exception", 1)), cfg, num_respawns=0)
-    assert (soft.action, soft.respawn) == ("restart", ())
-    dead = decide(event("actor_died", 1), state(fault("actor_died", 1)), cfg, num_respawns=0)
-    assert (dead.action, dead.respawn) == ("restart", (1,))
+    soft = decide(state(fault("exception", 1)), cfg, num_respawns=0)
+    assert (soft.action, soft.respawn) == (Action.RESTART, ())
+    dead = decide(state(fault("actor_died", 1)), cfg, num_respawns=0)
+    assert (dead.action, dead.respawn) == (Action.RESPAWN, (1,))
+    lost = decide(state(fault("node_lost", 0)), cfg, num_respawns=0)
+    assert (lost.action, lost.respawn) == (Action.RESPAWN, (0,))
 
 
 def test_policy_all_replaces_every_rank_and_the_respawn_limit_stops_the_run():
     cfg = rr.ResilienceConfig.default(in_job=rr.InJobConfig(policy="all", max_restarts=2))
-    assert decide(event("oom", 0), state(fault("oom", 0)), cfg, num_respawns=0).respawn == (0, 1)
-    stop = decide(event("oom", 0), state(fault("oom", 0)), cfg, num_respawns=2)
-    assert stop.action == "fail" and isinstance(stop.error, RestartLimitError)
+    assert decide(state(fault("oom", 0)), cfg, num_respawns=0).respawn == (0, 1)
+    stop = decide(state(fault("oom", 0)), cfg, num_respawns=2)
+    assert stop.action is Action.FAIL and isinstance(stop.error, RestartLimitError)
+    assert stop.error.causes == ["oom"] and type(stop.error.causes[0]) is str
     assert "InJobConfig.max_restarts" in str(stop.error)
 
 
 def test_policy_without_in_job_fails_on_a_lost_process():
     cfg = rr.ResilienceConfig(in_process=rr.InProcessConfig())
-    decision = decide(event("actor_died", 1), state(fault("actor_died", 1)), cfg, num_respawns=0)
-    assert decision.action == "fail"
+    assert decide(state(fault("actor_died", 1)), cfg, num_respawns=0).action is Action.FAIL
 
 
 def test_node_exclusion_counts_process_faults_per_node_not_exceptions():
@@ -87,11 +89,11 @@ def test_policy_excludes_the_node_and_moves_every_rank_on_it():
                           respawned=(1,) if i == 0 else ()) for i in range(2)]
     current = RecoveryState(attempt=1, world_size=3, faults=tuple(faults),
                             progress_by_attempt=(5, 9), rank_nodes=("B", "A", "A"))
-    decision = decide(event("actor_died", 1), current, cfg, num_respawns=1)
+    decision = decide(current, cfg, num_respawns=1)
     assert decision.exclude_nodes == ("A",) and decision.respawn == (1, 2)
     first = RecoveryState(attempt=0, world_size=3, faults=tuple(faults[:1]),
                           progress_by_attempt=(5,), rank_nodes=("B", "A", "A"))
-    assert decide(event("actor_died", 1), first, cfg, num_respawns=0).exclude_nodes == ()
+    assert decide(first, cfg, num_respawns=0).exclude_nodes == ()
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5])

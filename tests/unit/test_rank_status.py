@@ -1,12 +1,15 @@
-"""What the supervisor knows of each rank's progress: `RankStatus` and the run's `RunRecord`."""
+"""What the supervisor knows of each rank: heartbeats, phases, steps reached."""
 
 from __future__ import annotations
 
 import pytest
 
 from ray_resilience._internal.supervisor.rank_status import RankStatus
+from ray_resilience._internal.supervisor.recorders import TimelineRecorder
 from ray_resilience._internal.supervisor.run_record import RunRecord
-from ray_resilience.policy import NoProgressLimit
+from ray_resilience._internal.supervisor.state import DetectedFault
+from ray_resilience.callbacks import RunStarted
+from ray_resilience.policy import FaultCause, NoProgressLimit
 from tests.support.recovery_states import fault, state
 
 pytestmark = pytest.mark.timeout(30)
@@ -40,8 +43,8 @@ def test_progress_counts_a_step_one_rank_reported_before_its_peers_reports_arriv
     fault is decided on. The attempt did progress: a restart storm must not be declared."""
     record = RunRecord(world_size=2)
     for attempt in range(4):
-        record.add_reports(attempt, [{"rank": attempt % 2, "step": attempt + 1,
-                                      "time": float(attempt)}])
+        report = {"rank": attempt % 2, "step": attempt + 1, "time": float(attempt)}
+        record.add_reports(attempt, [report])
     assert record.global_step is None  # no step completed on every rank yet
     progress = tuple(record.reached_by_attempt.get(a) for a in range(4))
     assert progress == (1, 2, 3, 4)
@@ -57,24 +60,26 @@ def test_progress_counts_a_step_one_rank_reported_before_its_peers_reports_arriv
 def test_steps_the_lost_rank_did_not_report_count_once_its_peers_reported_them():
     """Rank 1 is SIGKILLed with its reports of steps 8-9 still unsent; rank 0 reported them.
     The recovery's first step must be its own (step 9 here), not the next fault's."""
-    record = RunRecord(world_size=2)
-    record.start(0.0)
+    recorder = TimelineRecorder()  # fed synchronously here; the supervisor queues the events
+    record = RunRecord(world_size=2, emit=lambda event: getattr(recorder, event.hook)(event))
+    recorder.on_run_start(RunStarted(run_name="r", world_size=2, start_step=0, t=0.0))
     for step in range(1, 8):
         record.add_reports(0, [{"rank": r, "step": step, "time": float(step)} for r in (0, 1)])
-    record.add_reports(0, [{"rank": 0, "step": 8, "time": 8.0},
-                           {"rank": 0, "step": 9, "time": 9.0}])
+    late = [{"rank": 0, "step": 8, "time": 8.0}, {"rank": 0, "step": 9, "time": 9.0}]
+    record.add_reports(0, late)
     assert record.global_step == 7
-    record.timeline.fault_detected("f1", t_fault=9.5, t_detect=9.6, step_at_fault=7, rank=1,
+    recorder.timeline.fault_detected("f1", t_fault=9.5, t_detect=9.6, step_at_fault=7, rank=1,
                                    cause="actor_died", kind="sigkill")
     assert record.close_attempt(0, lost=set()) == []  # nobody lost: nothing to infer
     record.add_reports(1, [{"rank": 0, "step": 1, "time": 1.0}])
     assert record.close_attempt(1, lost={0, 1}) == []  # nobody left who could have reported
-    record.add_reports(0, [{"rank": 0, "step": 8, "time": 8.0},
-                           {"rank": 0, "step": 9, "time": 9.0}])
+    record.add_reports(0, late)
     assert record.close_attempt(0, lost={1}) == [8, 9]
     assert record.global_step == 9 and record.close_attempt(0, lost={1}) == []
-    record.timeline.step_at_fault_is("f1", 9)
-    record.expect_recovery(2, "f1", cause="actor_died", t_fault=9.5, step=9)
+    recorder.timeline.step_at_fault_is("f1", 9)
+    lost = DetectedFault(cause=FaultCause.ACTOR_DIED, ranks=(1,), attempt=0, t_detect=9.6,
+                         t_fault=9.5, step=9, fault_id="f1")
+    record.expect_recovery(2, lost, "respawn")
     record.add_reports(2, [{"rank": r, "step": 10, "time": 12.0} for r in (0, 1)])
-    fault = record.timeline.faults["f1"]
+    fault = recorder.timeline.faults["f1"]
     assert fault.step_at_fault == 9 and fault.t_first_step == 12.0 and fault.resumed_from_step == 9

@@ -1,23 +1,29 @@
 """Fault detection for the supervisor: the three signals, each timed.
 
 1. An exception reported by a rank (its run future returns a failed outcome).
-2. Actor death: the rank's run future raises `RayActorError` within milliseconds of the
-   process dying (SIGKILL, OOM killer, segfault, lost node); no polling involved.
+2. Actor death: the rank's run future fails within milliseconds of the process dying (SIGKILL,
+   OOM killer, segfault) or of Ray declaring its node dead; no polling involved.
 3. Silence: progress that stops advancing for longer than the phase's timeout (hang), or a
    side thread that stops sending heartbeats at all (frozen process, lost node).
+
+Detection reads what it is given and returns what it found; the supervisor records and acts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-import ray
-from ray.exceptions import RayActorError
-
+from ray_resilience._internal.attempt import AttemptOutcome, RankLost
+from ray_resilience._internal.supervisor.rank_status import RankStatus
+from ray_resilience._internal.supervisor.run_record import Clock
+from ray_resilience._internal.supervisor.state import DetectedFault
+from ray_resilience.config import ResilienceConfig
 from ray_resilience.errors import HangError, WorkerDiedError, WorkerError
-from ray_resilience._internal.supervisor.state import FaultEvent
+from ray_resilience.policy.state import FaultCause
+from ray_resilience.timeouts import LearnedTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -25,81 +31,112 @@ ERROR_GRACE_S = 0.05
 """After a first error, how long to wait for peers' errors so the earliest one is reported."""
 
 
-def poll(sup: Any) -> FaultEvent | None:
-    """Waits up to one monitor interval for a run future; returns the fault it revealed, if any."""
-    ready, _ = ray.wait(list(sup.futures), num_returns=1, timeout=sup.cfg.monitor_interval_s)
-    if ready:  # take everything that is done now, so simultaneous errors are grouped
-        ready, _ = ray.wait(list(sup.futures), num_returns=len(sup.futures), timeout=0)
-    return collect(sup, ready) or silence(sup)
+class RunFutures(Protocol):
+    """The worker group's side of detection (`WorkerGroup` through `RankCalls`)."""
+
+    def wait(self, refs: list[Any], timeout_s: float, *, num_returns: int = 1) -> list[Any]: ...
+
+    def outcome(self, ref: Any, rank: int) -> AttemptOutcome | RankLost: ...
 
 
-def collect(sup: Any, ready: list) -> FaultEvent | None:
-    errors: list[tuple[float, WorkerError]] = []
-    died: list[int] = []
-    _collect_into(sup, ready, errors, died)
-    if (errors or died) and sup.futures:
-        # Peers of a failed rank often fail a moment later with a secondary error (a closed
-        # connection); a short grace lets the earliest error be the one reported.
-        more, _ = ray.wait(list(sup.futures), num_returns=len(sup.futures), timeout=ERROR_GRACE_S)
-        _collect_into(sup, more, errors, died)
-    now = time.time()
-    if died:
-        return FaultEvent(cause="actor_died", ranks=sorted(died), attempt=sup.attempt,
-                          t_detect=now, error=WorkerDiedError(sorted(died), sup.attempt,
-                                                              "the actor process exited"))
-    if errors:
-        ordered = [e for _, e in sorted(errors, key=lambda item: item[0])]
-        grouped = group_errors(ordered)
-        return FaultEvent(cause="exception", ranks=grouped.ranks, attempt=sup.attempt,
-                          t_detect=now, error=grouped)
-    return None
+@dataclasses.dataclass(frozen=True)
+class Collected:
+    """What one poll of the run futures found: the outcomes to record, the futures that are
+    done (to drop), and the fault they revealed, if any."""
+
+    outcomes: tuple[AttemptOutcome, ...] = ()
+    done: tuple[Any, ...] = ()
+    fault: DetectedFault | None = None
 
 
-def _collect_into(sup: Any, ready: list, errors: list, died: list[int]) -> None:
-    for ref in ready:
-        rank = sup.futures.pop(ref)
-        try:
-            outcome = ray.get(ref)
-        except RayActorError as exc:
-            died.append(rank)
-            log.warning("rank %d died: %s", rank, exc)
-            continue
-        sup.record_outcome(outcome)
-        if outcome.error is not None:
-            errors.append((outcome.failed_at or 0.0, outcome.error))
+class FaultDetector:
+    """Turns run futures and rank statuses into faults, for one run's configs and timeouts."""
 
+    def __init__(self, group: RunFutures, cfg: ResilienceConfig, timeouts: LearnedTimeouts,
+                 clock: Clock) -> None:
+        self._group, self._cfg, self._timeouts, self._clock = group, cfg, timeouts, clock
 
-def silence(sup: Any) -> FaultEvent | None:
-    """Hangs (no progress within the phase's timeout) and lost heartbeats."""
-    now, cfg = time.monotonic(), sup.cfg
-    in_job = cfg.in_job
-    with sup.record.lock:
-        pending = [s for s in sup.ranks.values() if not s.done]
+    def collect(self, futures: Mapping[Any, int], attempt: int) -> Collected:
+        """Waits up to one monitor interval for a run future; returns what the done ones hold."""
+        refs = list(futures)
+        ready = self._group.wait(refs, self._cfg.monitor_interval_s)
+        if ready:  # take everything that is done now, so simultaneous errors are grouped
+            ready = self._group.wait(refs, 0, num_returns=len(refs))
+        outcomes, lost = self._read(futures, ready)
+        errors = [o for o in outcomes if o.error is not None]
+        done, taken = list(ready), set(ready)
+        rest = [ref for ref in refs if ref not in taken]
+        if (errors or lost) and rest:
+            # Peers of a failed rank often fail a moment later with a secondary error (a closed
+            # connection); a short grace lets the earliest error be the one reported.
+            more = self._group.wait(rest, ERROR_GRACE_S, num_returns=len(rest))
+            more_outcomes, more_lost = self._read(futures, more)
+            outcomes, lost, done = outcomes + more_outcomes, lost + more_lost, done + list(more)
+            errors = [o for o in outcomes if o.error is not None]
+        fault = self._fault_of(errors, lost, attempt)
+        return Collected(outcomes=tuple(outcomes), done=tuple(done), fault=fault)
+
+    def _read(self, futures: Mapping[Any, int], ready: list[Any],
+              ) -> tuple[list[AttemptOutcome], list[RankLost]]:
+        outcomes: list[AttemptOutcome] = []
+        lost: list[RankLost] = []
+        for ref in ready:
+            result = self._group.outcome(ref, futures[ref])
+            if isinstance(result, RankLost):
+                log.warning("rank %d died%s: %s", result.rank,
+                            " with its node" if result.node_lost else "", result.detail)
+                lost.append(result)
+            else:
+                outcomes.append(result)
+        return outcomes, lost
+
+    def _fault_of(self, errors: list[AttemptOutcome], lost: list[RankLost],
+                  attempt: int) -> DetectedFault | None:
+        now = self._clock.time()
+        if lost:
+            ranks = tuple(sorted(r.rank for r in lost))
+            node_lost = any(r.node_lost for r in lost)
+            why = "Ray declared its node dead" if node_lost else "the actor process exited"
+            return DetectedFault(
+                cause=FaultCause.NODE_LOST if node_lost else FaultCause.ACTOR_DIED, ranks=ranks,
+                attempt=attempt, t_detect=now, error=WorkerDiedError(list(ranks), attempt, why))
+        if errors:
+            ordered = [o.error for o in sorted(errors, key=lambda o: o.failed_at or 0.0)]
+            grouped = group_errors(ordered)
+            return DetectedFault(cause=FaultCause.EXCEPTION, ranks=tuple(grouped.ranks),
+                                 attempt=attempt, t_detect=now, error=grouped)
+        return None
+
+    def silence(self, statuses: Mapping[int, RankStatus], attempt: int) -> DetectedFault | None:
+        """Hangs (no progress within the phase's timeout) and lost heartbeats."""
+        now, in_job = self._clock.monotonic(), self._cfg.in_job
+        pending = [s for s in statuses.values() if not s.done]
         lost = [s.rank for s in pending
                 if in_job is not None and now - s.heartbeat_at > in_job.heartbeat_timeout_s]
+        if lost:
+            assert in_job is not None
+            err = HangError(lost, attempt, max(now - statuses[r].heartbeat_at for r in lost),
+                            "InJobConfig.heartbeat_timeout_s", in_job.heartbeat_timeout_s)
+            return DetectedFault(cause=FaultCause.UNRESPONSIVE, ranks=tuple(lost), attempt=attempt,
+                                 t_detect=self._clock.time(), error=err)
         # Peers of a rank inside a long phase (validation) wait for it in their next collective:
         # while any rank is in a phase, the longest limit in force applies to every rank.
-        limits = {s.rank: (sup.timeouts.limit(_phase_of(s)[0]), _phase_of(s)[1]) for s in pending}
+        limits = {s.rank: (self._timeouts.limit(_phase_of(s)[0]), _phase_of(s)[1]) for s in pending}
         group = max(limits.values(), default=(0.0, ""))
         hung = []
         for s in pending:
             limit, setting = group if any(p.phase for p in pending) else limits[s.rank]
             if s.silent_for(now) > limit:
                 hung.append((s.rank, s.silent_for(now), setting, limit))
-    if lost:
-        err = HangError(lost, sup.attempt, max(now - sup.ranks[r].heartbeat_at for r in lost),
-                        "InJobConfig.heartbeat_timeout_s", in_job.heartbeat_timeout_s)
-        return FaultEvent(cause="unresponsive", ranks=lost, attempt=sup.attempt,
-                          t_detect=time.time(), error=err)
-    if not hung:
-        return None
-    err = HangError([h[0] for h in hung], sup.attempt, max(h[1] for h in hung),
-                    hung[0][2], hung[0][3])
-    return FaultEvent(cause="hang", ranks=[h[0] for h in hung], attempt=sup.attempt,
-                      t_detect=time.time(), error=err)
+        if not hung:
+            return None
+        err = HangError([h[0] for h in hung], attempt, max(h[1] for h in hung),
+                        hung[0][2], hung[0][3])
+        return DetectedFault(cause=FaultCause.HANG, ranks=tuple(h[0] for h in hung),
+                             attempt=attempt, t_detect=self._clock.time(), error=err)
 
 
-def _phase_of(status: Any) -> tuple[str, str]:
+def _phase_of(status: RankStatus) -> tuple[str, str]:
     """(timeout name, the setting that controls it) for where a rank is now."""
     if status.phase is not None:
         return status.phase, f"ResilienceConfig.phase_timeouts_s[{status.phase!r}]"
@@ -114,15 +151,3 @@ def group_errors(errors: list[WorkerError]) -> WorkerError:
     ranks = sorted({r for e in errors if e.same_failure(first) for r in e.ranks})
     return WorkerError(ranks=ranks, attempt=first.attempt, exc_type=first.exc_type,
                        message=first.message, traceback=first.traceback, cause=first.cause)
-
-
-def describe_fault(fault: FaultEvent) -> dict[str, Any]:
-    """JSON-safe summary of one fault for `Result.faults` and results.json."""
-    return {"cause": fault.cause, "ranks": fault.ranks, "attempt": fault.attempt,
-            "step": fault.step, "t_fault": fault.t_fault, "t_detect": fault.t_detect,
-            "fault_id": fault.detail.get("fault_id"), "kind": fault.detail.get("kind"),
-            "nodes": list(fault.detail.get("nodes", ())),
-            "respawned": list(fault.detail.get("respawned", ())),
-            "excluded_nodes": list(fault.detail.get("excluded_nodes", ())),
-            "replacements": list(fault.detail.get("replacements", ())),
-            "error": str(fault.error).splitlines()[0] if fault.error else None}

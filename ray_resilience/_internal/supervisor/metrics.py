@@ -1,6 +1,6 @@
 """Run metrics exported through Ray's metrics API, for the Ray dashboard and Prometheus.
 
-The supervisor owns one `RunMetrics` per run and calls its `on_*` methods as events happen; all
+`MetricsCallback` feeds one `RunMetrics` per run from the supervisor's event stream; all
 metrics carry the tag `run` (the run name). Ray exports them from the supervisor's process;
 Prometheus sees each name with Ray's `ray_` prefix (counters also with `_total`, histograms as
 `_bucket`/`_sum`/`_count`), see `prometheus_names`.
@@ -16,6 +16,18 @@ import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.util import metrics as ray_metrics
+
+from ray_resilience.callbacks import (
+    Callback,
+    CheckpointCommitted,
+    CheckpointSaved,
+    RecoveryDone,
+    RunEnded,
+    StepCompleted,
+)
 
 if TYPE_CHECKING:
     from ray_resilience.goodput import GoodputReport
@@ -88,7 +100,7 @@ class RunMetrics:
         if enabled and _ray_connected():
             try:
                 self._metrics = _create(run_name)
-            except Exception:  # noqa: BLE001 - metrics are best effort; the run goes on
+            except Exception:  # metrics are best effort; the run goes on
                 logger.warning("could not create the metrics of run %s; not exporting them",
                                run_name, exc_info=True)
 
@@ -145,32 +157,51 @@ class RunMetrics:
             return
         try:
             getattr(self._metrics[name], method)(value, tags=tags)
-        except Exception:  # noqa: BLE001 - metrics are best effort; the run goes on
+        except Exception:  # metrics are best effort; the run goes on
             self._failed = True
             logger.warning("metric %s failed; metrics export is off for run %s", name,
                            self.run_name, exc_info=True)
 
 
+class MetricsCallback(Callback):
+    """Exports the run's events as metrics (`RunMetrics`)."""
+
+    def __init__(self, metrics: RunMetrics) -> None:
+        self.metrics = metrics
+
+    def on_step_completed(self, event: StepCompleted) -> None:
+        self.metrics.on_step(event.step)
+
+    def on_checkpoint_saved(self, event: CheckpointSaved) -> None:
+        if event.tier is None:  # local snapshots are not checkpoints on their way to storage
+            self.metrics.on_checkpoint(event.step, blocking_s=event.blocking_s, committed=False)
+
+    def on_checkpoint_committed(self, event: CheckpointCommitted) -> None:
+        self.metrics.on_checkpoint(event.step, committed=True)
+
+    def on_recovery_done(self, event: RecoveryDone) -> None:
+        self.metrics.on_restart(event.cause.value, event.mechanism, event.recovery_s,
+                                event.rollback_steps, rank=event.rank)
+
+    def on_run_end(self, event: RunEnded) -> None:
+        if event.goodput is not None:
+            self.metrics.on_goodput(event.goodput)
+
+
 def _ray_connected() -> bool:
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return False
     return ray.is_initialized()
 
 
 def _create(run_name: str) -> dict[str, Any]:
-    from ray.util import metrics
-
     created: dict[str, Any] = {}
     for spec in METRIC_SPECS:
         tag_keys = ("run", *spec.tag_keys)
         if spec.kind == "counter":
-            metric = metrics.Counter(spec.name, spec.description, tag_keys=tag_keys)
+            metric = ray_metrics.Counter(spec.name, spec.description, tag_keys=tag_keys)
         elif spec.kind == "gauge":
-            metric = metrics.Gauge(spec.name, spec.description, tag_keys=tag_keys)
+            metric = ray_metrics.Gauge(spec.name, spec.description, tag_keys=tag_keys)
         else:
-            metric = metrics.Histogram(spec.name, spec.description,
+            metric = ray_metrics.Histogram(spec.name, spec.description,
                                        boundaries=list(spec.boundaries), tag_keys=tag_keys)
         created[spec.name] = metric.set_default_tags({"run": run_name})
     return created

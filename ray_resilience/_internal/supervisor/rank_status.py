@@ -25,29 +25,30 @@ class RankStatus:
     """Worker send time of the heartbeat `phase` came from: heartbeats are fire-and-forget calls
     into a threaded actor and may be handled out of order; an older one must not undo a newer."""
 
-    def reset(self, attempt: int) -> None:
-        now = time.monotonic()
+    def reset(self, attempt: int, now: float) -> None:
         self.attempt, self.progress_at, self.heartbeat_at, self.done = attempt, now, now, False
         self.step = None
         self.phase, self.phase_sent_at = None, 0.0
 
-    def observe(self, attempt: int, step: int | None, step_time: float | None) -> None:
+    def observe(self, attempt: int, step: int | None, step_time: float | None,
+                now: float | None = None) -> None:
         if attempt != self.attempt:
             return  # a late heartbeat from an earlier attempt
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         self.heartbeat_at = now
         # Steps only grow within an attempt (a rollback is a new attempt): a late heartbeat with
         # an older step is neither progress nor a step back.
         if step is not None and (self.step is None or step > self.step):
             self.step, self.step_time, self.progress_at = step, step_time, now
 
-    def set_phase(self, phase: str | None, sent_at: float) -> None:
-        """The phase a heartbeat sent at `sent_at` (worker clock) reported; older ones are ignored."""
+    def set_phase(self, phase: str | None, sent_at: float, now: float | None = None) -> None:
+        """The phase a heartbeat sent at `sent_at` (worker clock) reported; older ones are
+        ignored."""
         if sent_at < self.phase_sent_at:
             return
         self.phase_sent_at = sent_at
         if phase != self.phase:
-            self.phase, self.phase_seen_at = phase, time.monotonic()
+            self.phase, self.phase_seen_at = phase, time.monotonic() if now is None else now
 
     def silent_for(self, now: float) -> float:
         """Silence in the current phase: entering a phase restarts the clock, and so does

@@ -1,22 +1,27 @@
-"""One recovery, as the supervisor carries it out: tear down, respawn, new attempt.
+"""One repair, as the supervisor has it carried out: tear down, then respawn what must be.
 
 Every rank that keeps its process is interrupted (collectives aborted, an exception raised
 into its training thread) and must unwind within `InProcessConfig.interrupt_timeout_s`; ranks
 that do not, and ranks whose process is gone, are killed and replaced when `InJobConfig` allows.
-Each phase is timed on the supervisor's clock and recorded in the goodput timeline.
+The repair touches only the worker group; it returns a `RepairOutcome` and the supervisor
+records it, shrinks the world, advances the attempt and launches it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-import ray
-from ray.exceptions import RayActorError
-
+from ray_resilience._internal.attempt import AttemptOutcome, RankLost
+from ray_resilience._internal.supervisor.run_record import Clock, RunRecord
+from ray_resilience.config import ResilienceConfig, ScalingConfig
 from ray_resilience.errors import HangError, InsufficientResourcesError, WorkerDiedError
-from ray_resilience._internal.supervisor.state import FaultEvent
+from ray_resilience.policy.base import Decision
+
+if TYPE_CHECKING:
+    from ray_resilience._internal.worker_group.group import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -24,122 +29,106 @@ HEALTH_TIMEOUT_S = 10.0
 """How long a kept rank may take to answer its health check."""
 
 
-class Recovery:
-    """Carries out one `Decision` to restart; `execute()` returns an error if it cannot."""
+@dataclasses.dataclass(frozen=True)
+class RepairOutcome:
+    """What a repair did. `error` set: the run cannot go on (the rest says how far it got)."""
 
-    def __init__(self, sup: Any, fault: FaultEvent, decision: Any) -> None:
-        self.sup, self.fault, self.decision = sup, fault, decision
-        self.fault_id = fault.detail.get("fault_id") or f"fault{len(sup.faults)}-a{fault.attempt}"
+    respawned: tuple[int, ...] = ()
+    """Ranks that got a new process (or were to get one when `error` is set)."""
+    dropped: tuple[int, ...] = ()
+    """Ranks no capacity was found for in time: the world shrinks without them."""
+    excluded_nodes: tuple[str, ...] = ()
+    """Nodes excluded from now on."""
+    replacements: tuple[dict[str, Any], ...] = ()
+    """How each respawned rank's new process started."""
+    outcomes: tuple[AttemptOutcome, ...] = ()
+    """The interrupted ranks' last outcomes (their final reports), to record."""
+    t_torn: float | None = None
+    """When every rank had unwound or was killed; None when the teardown itself failed."""
+    error: BaseException | None = None
+
+
+class Repair:
+    """Carries out one restart or respawn `decision` on the ranks of `attempt`."""
+
+    def __init__(self, group: WorkerGroup, record: RunRecord, cfg: ResilienceConfig,
+                 scaling: ScalingConfig, clock: Clock, *, decision: Decision,
+                 attempt: int) -> None:
+        self.group, self.record, self.cfg, self.scaling = group, record, cfg, scaling
+        self.clock, self.decision, self.attempt = clock, decision, attempt
         self.respawn: set[int] = set(decision.respawn)
-        self._load_recorded = False
+        self.outcomes: list[AttemptOutcome] = []
 
-    def execute(self) -> BaseException | None:
-        sup, fault = self.sup, self.fault
-        timeline = sup.record.timeline
-        t_fault = fault.t_fault or fault.t_detect
-        timeline.fault_detected(
-            self.fault_id, t_fault=t_fault, t_detect=max(fault.t_detect, t_fault),
-            step_at_fault=fault.step or 0, rank=fault.ranks[0], cause=fault.cause,
-            kind=fault.detail.get("kind"))
-        error = self._teardown()
+    def run(self, futures: Mapping[Any, int], excluded_nodes: frozenset[str]) -> RepairOutcome:
+        """Interrupts or kills every rank of the attempt, then replaces the ranks that need it."""
+        error = self._teardown(futures)
         if error is not None:
-            return error
-        t_torn = time.time()
-        late = sup.record.close_attempt(sup.attempt, self.respawn)
-        if late:  # steps the lost ranks had finished but not reported
-            fault.step = max(fault.step or 0, late[-1])
-            timeline.step_at_fault_is(self.fault_id, late[-1])
-        timeline.recovery_phase(self.fault_id, "teardown", fault.t_detect, t_torn)
-        if self.respawn:
-            error = self._respawn()
-            if error is not None:
-                return error
-        fault.detail["respawned"] = tuple(sorted(self.respawn))
-        sup.attempt += 1
-        sup.record.expect_recovery(
-            sup.attempt, self.fault_id, cause=fault.cause, t_fault=t_fault, step=fault.step,
-            rank=fault.ranks[0] if len(fault.ranks) == 1 else None,
-            mechanism="respawn" if self.respawn else "in-process")
-        sup.launch_attempt()
-        t_launched = time.time()
-        timeline.recovery_phase(self.fault_id, "rendezvous", t_torn, t_launched)
-        log.info("[%s] attempt %d started after %s (respawned %s) in %.2f s", sup.run_name,
-                 sup.attempt, fault.cause, sorted(self.respawn), t_launched - fault.t_detect)
-        return None
-
-    def _respawn(self) -> BaseException | None:
-        """Replaces the ranks; those without capacity in time are dropped if the world may shrink."""
-        sup, in_job = self.sup, self.sup.cfg.in_job
+            return self._outcome(error=error)
+        t_torn = self.clock.time()
+        if not self.respawn:
+            return self._outcome(t_torn=t_torn)
+        in_job = self.cfg.in_job
+        if in_job is None:  # a kept rank's actor died while it unwound
+            return self._outcome(t_torn=t_torn, error=WorkerDiedError(
+                sorted(self.respawn), self.attempt, "died while unwinding; set InJobConfig to "
+                                                    "replace dead ranks"))
         for node in self.decision.exclude_nodes:
-            log.warning("excluding node %s from run %s: more than InJobConfig.max_node_faults=%d "
-                        "faults lost or hung a rank there; its ranks move to other nodes",
-                        node, sup.run_name, in_job.max_node_faults)
-            sup.excluded_nodes.add(node)
-        self.fault.detail["excluded_nodes"] = sorted(self.decision.exclude_nodes)
-        missing = sup.group.replace(sorted(self.respawn), in_job.replacement_timeout_s,
-                                    exclude=sup.excluded_nodes)
-        sup.num_respawns += 1
-        started = [_replacement(rank, info) for rank, info in enumerate(sup.group.info)
-                   if rank in self.respawn]
-        self.fault.detail["replacements"] = started
-        log.info("[%s] replacement processes: %s", sup.run_name, started)
-        if missing:
-            remaining = sup.group.world_size - len(missing)
-            if in_job.min_workers is None or remaining < in_job.min_workers:
-                return InsufficientResourcesError(
-                    "InJobConfig.replacement_timeout_s", in_job.replacement_timeout_s,
-                    sup._scaling.bundle, ray.available_resources(),
-                    f"no capacity for replacement ranks {missing}; set InJobConfig.min_workers "
-                    f"(now {in_job.min_workers}) to continue with fewer ranks, or add nodes.")
-            log.warning("continuing with %d ranks: no capacity for ranks %s", remaining, missing)
-            sup.shrink(missing)
-        if sup.checkpoints is not None:  # new nodes get writers; dead writers are replaced
-            sup.checkpoints.ensure_writers(sup.group.node_ids())
-        return None
+            log.warning("excluding node %s: more than InJobConfig.max_node_faults=%s faults lost "
+                        "or hung a rank there; its ranks move to other nodes",
+                        node, in_job.max_node_faults)
+        missing = self.group.replace(sorted(self.respawn), in_job.replacement_timeout_s,
+                                     exclude=set(excluded_nodes) | set(self.decision.exclude_nodes))
+        done = dict(t_torn=t_torn, excluded_nodes=self.decision.exclude_nodes,
+                    replacements=tuple(_replacement(rank, info) for rank, info
+                                       in enumerate(self.group.info) if rank in self.respawn))
+        log.info("replacement processes: %s", done["replacements"])
+        if not missing:
+            return self._outcome(**done)
+        remaining = self.group.world_size - len(missing)
+        if in_job.min_workers is None or remaining < in_job.min_workers:
+            return self._outcome(**done, error=InsufficientResourcesError(
+                "InJobConfig.replacement_timeout_s", in_job.replacement_timeout_s,
+                self.scaling.bundle, self.group.available_resources(),
+                f"no capacity for replacement ranks {missing}; set InJobConfig.min_workers "
+                f"(now {in_job.min_workers}) to continue with fewer ranks, or add nodes."))
+        log.warning("continuing with %d ranks: no capacity for ranks %s", remaining, missing)
+        return self._outcome(**done, dropped=tuple(missing))
 
-    def _teardown(self) -> BaseException | None:
-        sup = self.sup
+    def _outcome(self, **fields: Any) -> RepairOutcome:
+        return RepairOutcome(respawned=tuple(sorted(self.respawn)),
+                             outcomes=tuple(self.outcomes), **fields)
+
+    def _teardown(self, futures: Mapping[Any, int]) -> BaseException | None:
+        group, cfg = self.group, self.cfg
         for rank in self.respawn:
-            sup.group.kill(rank)  # a stuck or dead rank is killed before it is replaced
-        keep = {ref: rank for ref, rank in sup.futures.items() if rank not in self.respawn}
-        for rank in keep.values():
-            sup.group.actors[rank].interrupt.remote(sup.attempt)
-        timeout = sup.cfg.in_process.interrupt_timeout_s if sup.cfg.in_process else 10.0
-        stuck_ranks = self._wait_unwound(keep, timeout)
-        sup.futures = {}
-        unhealthy = self._health_checks(stuck_ranks)
-        if unhealthy and sup.cfg.in_job is None:
-            return WorkerDiedError(sorted(unhealthy), sup.attempt,
-                                   f"failed health checks: {unhealthy}; set InJobConfig to replace them")
+            group.kill(rank)  # a stuck or dead rank is killed before it is replaced
+        keep = {ref: rank for ref, rank in futures.items() if rank not in self.respawn}
+        group.interrupt(list(keep.values()), self.attempt)
+        timeout = cfg.in_process.interrupt_timeout_s if cfg.in_process else 10.0
+        stuck = self._wait_unwound(keep, timeout)
+        unhealthy = self._health_checks(stuck)
+        if unhealthy and cfg.in_job is None:
+            return WorkerDiedError(sorted(unhealthy), self.attempt, f"failed health checks: "
+                                   f"{unhealthy}; set InJobConfig to replace them")
         self.respawn.update(unhealthy)
-        if stuck_ranks:
-            if sup.cfg.in_job is None:
-                return HangError(stuck_ranks, sup.attempt, timeout,
+        if stuck:
+            if cfg.in_job is None:
+                return HangError(stuck, self.attempt, timeout,
                                  "InProcessConfig.interrupt_timeout_s", timeout)
-            log.warning("ranks %s did not unwind within %.1f s: respawning them",
-                        stuck_ranks, timeout)
-            for rank in stuck_ranks:
-                sup.group.kill(rank)
-            self.respawn.update(stuck_ranks)
+            log.warning("ranks %s did not unwind within %.1f s: respawning them", stuck, timeout)
+            for rank in stuck:
+                group.kill(rank)
+            self.respawn.update(stuck)
         return None
 
     def _health_checks(self, stuck: list[int]) -> dict[int, str]:
         """Ranks that keep their process are asked for their health (CUDA on GPU)."""
-        sup = self.sup
-        ranks = [r for r in range(sup.group.world_size) if r not in self.respawn and r not in stuck]
-        refs = {sup.group.actors[r].health.remote(): r for r in ranks}
-        ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=HEALTH_TIMEOUT_S) if refs else ([], [])
-        unhealthy = {refs[ref]: "no answer to the health check" for ref in late}
-        for ref in ready:
-            try:
-                reason = ray.get(ref)
-            except RayActorError as exc:
-                reason = f"actor died: {exc}"
-            if reason is not None:
-                unhealthy[refs[ref]] = reason
+        skip = self.respawn | set(stuck)
+        ranks = [r for r in range(self.group.world_size) if r not in skip]
+        unhealthy = self.group.health(ranks, HEALTH_TIMEOUT_S) if ranks else {}
         for rank, reason in unhealthy.items():
             log.warning("rank %d is unhealthy (%s): it gets a new process", rank, reason)
-            sup.group.kill(rank)
+            self.group.kill(rank)
         return unhealthy
 
     def _wait_unwound(self, keep: dict[Any, int], timeout_s: float) -> list[int]:
@@ -148,24 +137,23 @@ class Recovery:
         A rank whose side thread has gone silent for `InJobConfig.heartbeat_timeout_s` (its node
         is gone, its process frozen) is respawned at once instead of waiting out the timeout.
         """
-        sup, deadline = self.sup, time.monotonic() + timeout_s
-        in_job = sup.cfg.in_job
-        while keep and time.monotonic() < deadline:
-            ready, _ = ray.wait(list(keep), num_returns=len(keep), timeout=0.05)
-            for ref in ready:
+        deadline, in_job = self.clock.monotonic() + timeout_s, self.cfg.in_job
+        while keep and self.clock.monotonic() < deadline:
+            for ref in self.group.wait(list(keep), 0.05, num_returns=len(keep)):
                 rank = keep.pop(ref)
-                try:
-                    sup.record_outcome(ray.get(ref))
-                except RayActorError:
+                result = self.group.outcome(ref, rank)
+                if isinstance(result, RankLost):
                     self.respawn.add(rank)
+                else:
+                    self.outcomes.append(result)
             if in_job is None:
                 continue
-            now = time.monotonic()
+            now = self.clock.monotonic()
             for ref, rank in list(keep.items()):
-                if now - sup.ranks[rank].heartbeat_at > in_job.heartbeat_timeout_s:
-                    log.warning("rank %d is silent for %.1f s: treating it as lost", rank,
-                                now - sup.ranks[rank].heartbeat_at)
-                    sup.group.kill(rank)
+                silent = self.record.heartbeat_age(rank, now)
+                if silent > in_job.heartbeat_timeout_s:
+                    log.warning("rank %d is silent for %.1f s: treating it as lost", rank, silent)
+                    self.group.kill(rank)
                     self.respawn.add(keep.pop(ref))
         return sorted(keep.values())
 

@@ -1,31 +1,52 @@
-"""The supervisor's record of the run: metric history, global steps, faults, the timeline.
+"""The supervisor's record of the run: rank statuses, metric history, global steps, saves.
 
 Everything here is fed from heartbeats and attempt outcomes (worker wall clock, `time.time()`)
-and from the supervisor's own detections (same clock). Thread-safe: heartbeats arrive on other
-actor threads than the state machine.
+and from the supervisor's own detections (same clock). What happened is also emitted as events
+(steps, saves, recoveries done) for the callbacks. Thread-safe: heartbeats arrive on other actor
+threads than the state machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from ray_resilience.goodput import RunTimeline
+from ray_resilience._internal.attempt import AttemptOutcome
+from ray_resilience._internal.supervisor.rank_status import RankStatus
+from ray_resilience._internal.supervisor.recorders import RecoveryPhase
+from ray_resilience._internal.supervisor.state import DetectedFault
+from ray_resilience.callbacks import CheckpointSaved, RecoveryDone, StepCompleted
+
+
+class Clock:
+    """The supervisor's time: `time()` stamps events, `monotonic()` measures silences and
+    deadlines. Unit tests pass one they advance themselves."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
 
 class RunRecord:
-    """Aggregates per-rank reports into global steps and feeds the goodput timeline."""
+    """Aggregates per-rank reports into global steps and emits what they complete."""
 
-    def __init__(self, world_size: int, metrics: Any = None, timeouts: Any = None) -> None:
+    def __init__(self, world_size: int, *, emit: Callable[[Any], None] = lambda event: None,
+                 timeouts: Any = None, clock: Clock | None = None) -> None:
         self.world_size = world_size
+        self.emit = emit
         self.timeouts = timeouts
         """LearnedTimeouts fed with every interval observed, or None."""
+        self.clock = clock or Clock()
+        self.ranks = {r: self._new_status(r) for r in range(world_size)}
+        self.returns: dict[int, bytes | None] = {}
+        """What each finished rank's train function returned (pickled)."""
         self.launched_at: dict[int, float] = {}
         self._last_mark: dict[tuple[int, int], float] = {}
-        self.metrics = metrics
-        """RunMetrics exporter (Ray metrics API), or None."""
-        self.timeline = RunTimeline()
         self.history: list[dict[str, Any]] = []
         self.lock = threading.RLock()
         self._pending: dict[tuple[int, int], tuple[set[int], float]] = {}
@@ -38,23 +59,83 @@ class RunRecord:
         """The newest step any rank reported per attempt. Progress for restart-storm limits: a
         rank can only finish a step its peers took part in (its collectives), and when a rank
         fails right after a report, its peers' reports of that step may still be in flight."""
-        self.fired: dict[str, dict[str, Any]] = {}
-        """Injected faults that fired: id -> {rank, attempt, t, step, kind}."""
-        self._recovering: dict[int, dict[str, Any]] = {}
-        """attempt -> the fault it recovers from, until its first step completes."""
+        self._recovering: dict[int, tuple[DetectedFault, str]] = {}
+        """attempt -> the fault it recovers from and how, until its first step completes."""
         self._load_seen: set[int] = set()
         self.phases: list[dict[str, Any]] = []
-        """Every timed phase ranks reported (release_groups, init_process_group, checkpoint_load)."""
+        """Every timed phase ranks reported (release_groups, init_process_group, checkpoint_load,
+        and the supervisor's start-up phases)."""
         self.loads: list[dict[str, Any]] = []
         """Every checkpoint load a rank reported (attempt, rank, tier, step, seconds)."""
 
-    def expect_recovery(self, attempt: int, fault_id: str, **fault: Any) -> None:
-        """`attempt` recovers from `fault_id` (cause, mechanism, t_fault, step) until its first step."""
+    # --- rank statuses ------------------------------------------------------------------------
+
+    def _new_status(self, rank: int) -> RankStatus:
+        now = self.clock.monotonic()
+        return RankStatus(rank, progress_at=now, heartbeat_at=now)
+
+    def heartbeat(self, rank: int, attempt: int, step: int | None, step_time: float | None,
+                  metrics: list[dict[str, Any]], saves: list, sent_at: float,
+                  events: list[dict[str, Any]]) -> None:
+        """One rank's periodic progress (see `Supervisor.heartbeat`)."""
         with self.lock:
-            self._recovering[attempt] = {"fault_id": fault_id, **fault}
+            status, now = self.ranks[rank], self.clock.monotonic()
+            status.observe(attempt, step, step_time, now)
+            if attempt == status.attempt:
+                inside = [e["name"] for e in events if e.get("phase") == "in_phase"]
+                status.set_phase(inside[-1] if inside else None, sent_at, now)
+            self.add_events(attempt, events)
+            self.add_reports(attempt, metrics)
+            self.add_saves(attempt, saves, sent_at)
+
+    def add_outcome(self, outcome: AttemptOutcome) -> None:
+        """Folds one rank's attempt outcome in (its last metrics, its return value)."""
+        with self.lock:
+            status = self.ranks[outcome.rank]
+            status.observe(outcome.attempt, outcome.last_step, outcome.last_step_time,
+                           self.clock.monotonic())
+            status.done = outcome.status == "finished"
+            # Its newest step, even if the heartbeat that carried it is still in flight.
+            self.note_reached(outcome.attempt, outcome.last_step)
+            self.add_events(outcome.attempt, outcome.events)
+            self.add_reports(outcome.attempt, outcome.metrics)
+            self.add_saves(outcome.attempt, outcome.checkpoint_saves, self.clock.time())
+            if outcome.status == "finished":
+                self.returns[outcome.rank] = outcome.return_value
+
+    def heartbeat_age(self, rank: int, now: float) -> float:
+        """Seconds since `rank`'s side thread was last heard of (`now`: `clock.monotonic()`)."""
+        with self.lock:
+            return now - self.ranks[rank].heartbeat_at
+
+    def rank_statuses(self) -> dict[int, RankStatus]:
+        """Copies of the statuses as of now (detection reads them without the lock)."""
+        with self.lock:
+            return {r: dataclasses.replace(s) for r, s in self.ranks.items()}
+
+    def start_attempt(self, attempt: int) -> None:
+        """Every rank starts `attempt` now: silence clocks restart."""
+        with self.lock:
+            for status in self.ranks.values():
+                status.reset(attempt, self.clock.monotonic())
+            self.launched_at[attempt] = self.clock.time()
+
+    def resize(self, world_size: int) -> None:
+        """The world shrank: ranks are renumbered, so statuses and return values start over."""
+        with self.lock:
+            self.world_size = world_size
+            self.ranks = {r: self._new_status(r) for r in range(world_size)}
+            self.returns.clear()
+
+    # --- reports, steps, saves ----------------------------------------------------------------
+
+    def expect_recovery(self, attempt: int, fault: DetectedFault, mechanism: str) -> None:
+        """`attempt` recovers from `fault` (by `mechanism`) until its first step completes."""
+        with self.lock:
+            self._recovering[attempt] = (fault, mechanism)
 
     def add_events(self, attempt: int, events: list[dict[str, Any]]) -> None:
-        """Timed phases reported by a rank; the first checkpoint load of a recovery is recorded."""
+        """Timed phases reported by a rank; the first checkpoint load of a recovery is emitted."""
         with self.lock:
             for ev in events:
                 if ev.get("phase") == "in_phase":
@@ -67,16 +148,20 @@ class RunRecord:
                 pending = self._recovering.get(attempt)
                 if pending is not None and attempt not in self._load_seen:
                     self._load_seen.add(attempt)
-                    self.timeline.recovery_phase(pending["fault_id"], "checkpoint_load", ev["t_start"],
-                                                 ev["t_end"], tier=ev.get("tier"))
+                    self.emit(RecoveryPhase(fault_id=pending[0].fault_id, phase="checkpoint_load",
+                                            t_start=ev["t_start"], t_end=ev["t_end"],
+                                            tier=ev.get("tier")))
 
-    def start(self, t: float, start_step: int = 0) -> None:
-        self.timeline.run_started(t, self.world_size, start_step=start_step)
+    def startup_phase(self, name: str, t_start: float, t_end: float) -> None:
+        with self.lock:
+            self.phases.append({"phase": name, "t_start": t_start, "t_end": t_end,
+                                "attempt": 0, "rank": None})
 
     def _observe_phase(self, attempt: int, ev: dict[str, Any]) -> None:
         if ev.get("t_end") is None or ev.get("t_start") is None:
             return
-        if self.timeouts is not None and ev["phase"] not in ("release_groups", "init_process_group"):
+        untimed = ("release_groups", "init_process_group")
+        if self.timeouts is not None and ev["phase"] not in untimed:
             self.timeouts.observe(ev["phase"], ev["t_end"] - ev["t_start"])
         rank = ev.get("rank")
         # Time inside phases is not step time. A load is followed by the attempt's first step,
@@ -98,7 +183,8 @@ class RunRecord:
         """A rank reported `step` in `attempt` (see `reached_by_attempt`)."""
         if step is not None:
             with self.lock:
-                self.reached_by_attempt[attempt] = max(step, self.reached_by_attempt.get(attempt, step))
+                reached = self.reached_by_attempt.get(attempt, step)
+                self.reached_by_attempt[attempt] = max(step, reached)
 
     def add_reports(self, attempt: int, records: list[dict[str, Any]]) -> None:
         """Metric dicts from one rank; a step completes globally when every rank reported it."""
@@ -109,7 +195,7 @@ class RunRecord:
                 self.note_reached(attempt, rec.get("step"))
                 key = (attempt, rec["step"])
                 ranks, t = self._pending.get(key, (set(), 0.0))
-                ranks, t = ranks | {rec["rank"]}, max(t, rec.get("time", time.time()))
+                ranks, t = ranks | {rec["rank"]}, max(t, rec.get("time", self.clock.time()))
                 if len(ranks) < self.world_size:
                     self._pending[key] = (ranks, t)
                     continue
@@ -118,12 +204,10 @@ class RunRecord:
 
     def close_attempt(self, attempt: int, lost: set[int]) -> list[int]:
         """`attempt` is over and the processes of the `lost` ranks are gone, with the reports
-        they had not forwarded yet (every 0.25 s). A step every other rank reported is counted
-        as completed at its newest report: a rank of a synchronous job only finishes a step
-        its peers took part in (every collective of it). Without this, a fault that came
-        before the recovery's first steps reached the supervisor left that recovery without a
-        first step, its time extended to the next one's end. Call it once the surviving ranks'
-        outcomes (their last reports) are recorded. Returns the steps it completed."""
+        they had not forwarded yet. A step every other rank reported counts as completed at
+        its newest report: a rank of a synchronous job only finishes a step its peers took
+        part in. Call it once the surviving ranks' outcomes are recorded. Returns the steps
+        it completed."""
         with self.lock:
             survivors = set(range(self.world_size)) - lost
             keys = sorted(k for k in self._pending if k[0] == attempt)
@@ -144,22 +228,20 @@ class RunRecord:
                 and attempt in self.launched_at:
             self.timeouts.observe("first_step", t - self.launched_at[attempt])
         self.first_step_by_attempt.setdefault(attempt, (step, t))
-        self.timeline.step_completed(step, t, self.world_size)
-        if self.metrics is not None:
-            self.metrics.on_step(step)
+        self.emit(StepCompleted(step=step, attempt=attempt, world_size=self.world_size, t=t))
         pending = self._recovering.pop(attempt, None)
         if pending is not None:
-            self.timeline.recovery_done(pending["fault_id"], t, resumed_from_step=step - 1)
-            if self.metrics is not None:
-                rollback = None if pending.get("step") is None else pending["step"] - (step - 1)
-                self.metrics.on_restart(pending.get("cause", "unknown"),
-                                        pending.get("mechanism", "unknown"),
-                                        t - pending.get("t_fault", t), rollback,
-                                        rank=pending.get("rank"))
+            fault, mechanism = pending
+            t_fault = fault.t_fault or fault.t_detect
+            self.emit(RecoveryDone(
+                fault_id=fault.fault_id, cause=fault.cause, mechanism=mechanism, attempt=attempt,
+                rank=fault.ranks[0] if len(fault.ranks) == 1 else None, recovery_s=t - t_fault,
+                resumed_from_step=step - 1,
+                rollback_steps=None if fault.step is None else fault.step - (step - 1), t=t))
 
     def add_saves(self, attempt: int, saves: list[tuple], t: float) -> None:
         """Checkpoint blocking times of one rank, (step, seconds) or (step, seconds, tier) for
-        local snapshots; recorded once every rank saved that step."""
+        local snapshots; emitted once every rank saved that step."""
         with self.lock:
             for step, blocking, *rest in saves:
                 tier = rest[0] if rest else None
@@ -170,26 +252,7 @@ class RunRecord:
                     self._saves[key] = (count, worst, t)
                     continue
                 self._saves.pop(key, None)
-                self.timeline.checkpoint_saved(step, t, worst, tier=tier)
-                if self.metrics is not None and tier is None:
-                    self.metrics.on_checkpoint(step, blocking_s=worst, committed=False)
-
-    def fault_fired(self, fault_id: str, info: dict[str, Any]) -> None:
-        with self.lock:
-            self.fired[fault_id] = info
-
-    def match_injected(self, ranks: list[int], attempt: int) -> tuple[str, dict[str, Any]] | None:
-        """The injected fault behind a detected one (same rank and attempt), if any."""
-        with self.lock:
-            candidates = [(fid, info) for fid, info in self.fired.items()
-                          if info["attempt"] == attempt and not info.get("matched")]
-            # Prefer the rank that was detected; a hung rank's peers often time out first.
-            candidates.sort(key=lambda item: item[1]["rank"] not in ranks)
-            if not candidates:
-                return None
-            fault_id, info = candidates[0]
-            info["matched"] = True
-            return fault_id, info
+                self.emit(CheckpointSaved(step=step, blocking_s=worst, tier=tier, t=t))
 
     def sorted_history(self) -> list[dict[str, Any]]:
         with self.lock:

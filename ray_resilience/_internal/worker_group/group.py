@@ -1,5 +1,9 @@
 """The ranks' actors in their placement-group bundles: create, launch attempts, kill, replace,
-tear down."""
+tear down.
+
+Every Ray call the supervisor makes on its ranks goes through `WorkerGroup` (see `RankCalls`), so
+the supervisor's state machine runs unchanged on a dummy group in unit tests.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ray_resilience._internal.attempt import AttemptSpec
 from ray_resilience._internal.constants import (
     DEFAULT_SLOW_WAIT_WARNING_S,
     SLOW_WAIT_WARNING_ENV_VAR,
@@ -21,12 +26,13 @@ from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
 from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
+from ray_resilience._internal.worker_group.rank_calls import RankCalls
 from ray_resilience.config import ScalingConfig
 
 log = logging.getLogger(__name__)
 
 
-class WorkerGroup:
+class WorkerGroup(RankCalls):
     """Owns the ranks' bundles (see `bundles.py`) and one actor per rank."""
 
     def __init__(self, scaling: ScalingConfig, train_fn: bytes, train_config: Any,
@@ -60,10 +66,6 @@ class WorkerGroup:
     def world_size(self) -> int:
         """Current number of ranks (below num_workers after a shrink)."""
         return len(self.actors) if self.actors else self.scaling.num_workers
-
-    def start(self, placement_timeout_s: float) -> None:
-        self.reserve(placement_timeout_s)
-        self.spawn()
 
     def reserve(self, placement_timeout_s: float) -> None:
         """Creates the placement group (ranks plus spares) and waits until it is placed."""
@@ -162,7 +164,7 @@ class WorkerGroup:
         """Address and a free port on rank 0's node for a new rendezvous."""
         return self.info[0]["ip"], ray.get(self.actors[0].free_port.remote(), timeout=60)
 
-    def launch(self, specs: list[Any]) -> dict[Any, int]:
+    def launch(self, specs: list[AttemptSpec]) -> dict[Any, int]:
         """Starts one attempt on every rank; returns {run future: rank}."""
         return {self.actors[s.rank].run_attempt.remote(s): s.rank for s in specs}
 
@@ -262,6 +264,15 @@ class WorkerGroup:
         for rank in sorted(ranks, reverse=True):
             self.kill(rank)
             del self.actors[rank], self.info[rank], self.bundle_of[rank]
+
+
+def create_worker_group(*, scaling: ScalingConfig, train_fn: bytes, train_config: Any,
+                        env_vars: dict[str, str], num_spares: int = 0,
+                        num_prestarted: int = 0) -> WorkerGroup:
+    """The group of the calling supervisor actor: ranks send heartbeats to its handle."""
+    me = ray.get_runtime_context().current_actor
+    return WorkerGroup(scaling, train_fn, train_config, me, env_vars, num_spares=num_spares,
+                       num_prestarted=num_prestarted)
 
 
 def kill_quietly(actor: Any) -> None:

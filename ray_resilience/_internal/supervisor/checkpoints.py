@@ -1,0 +1,100 @@
+"""The supervisor's side of the run's checkpoint service: started beside the ranks, polled for
+commits (emitted as events), given writers for new nodes, shut down with the run. Every
+method is a no-op when the run has no `CheckpointConfig`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ray_resilience._internal.supervisor.run_record import Clock, RunRecord
+from ray_resilience.callbacks import CheckpointCommitted
+from ray_resilience.checkpoint.config import CheckpointConfig
+
+if TYPE_CHECKING:
+    from ray_resilience._internal.checkpoint.service.service import CheckpointService
+
+log = logging.getLogger(__name__)
+
+COMMIT_POLL_INTERVAL_S = 0.25
+"""How often the supervisor asks for the newest committed step."""
+
+
+class RunCheckpoints:
+    """The checkpoint service of one run, as the supervisor drives it."""
+
+    def __init__(self, config: CheckpointConfig | None, *, storage_path: str,
+                 storage_filesystem: Any, run_name: str, record: RunRecord, clock: Clock,
+                 emit: Callable[[Any], None]) -> None:
+        self.config, self.run_name = config, run_name
+        self._storage_path, self._storage_fs = storage_path, storage_filesystem
+        self._record, self._clock, self._emit = record, clock, emit
+        self.service: CheckpointService | None = None
+        self.last_commit: int | None = None
+        """The newest committed step seen (at start: the step a run of the same name resumes)."""
+        self._final_stats: dict[str, Any] | None = None
+        self._started = False
+        self._poll_at = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.config is not None
+
+    def start(self, node_ids: list[str]) -> None:
+        """Starts the coordinator and a writer per node (processes that import torch)."""
+        from ray_resilience._internal.checkpoint.service.service import (  # noqa: PLC0415 - loaded only by runs that checkpoint
+            CheckpointService,
+        )
+
+        t0 = self._clock.time()
+        self.service = CheckpointService.start(
+            storage_path=self._storage_path, run_name=self.run_name,
+            storage_filesystem=self._storage_fs, world_size=len(node_ids),
+            node_ids_by_rank=node_ids, config=self.config)
+        self._started = True
+        self._record.startup_phase("start_checkpointing", t0, self._clock.time())
+        self.last_commit = self.service.latest_committed_step()
+
+    def rank_spec(self, rank: int) -> Any:
+        return self.service.rank_spec(rank) if self.service is not None else None
+
+    def ensure_writers(self, node_ids: list[str]) -> None:
+        """Writers for nodes the ranks moved to; dead writers are replaced."""
+        if self.service is not None:
+            self.service.ensure_writers(node_ids)
+
+    def poll(self, *, force: bool = False) -> None:
+        """Emits a newly committed checkpoint (a cheap call, at most 4 per second)."""
+        now = self._clock.monotonic()
+        if self.service is None or (not force and now < self._poll_at):
+            return
+        self._poll_at = now + COMMIT_POLL_INTERVAL_S
+        step = self.service.latest_committed_step()
+        if step is not None and step != self.last_commit:
+            self.last_commit = step
+            self._emit(CheckpointCommitted(step=step, t=self._clock.time()))
+
+    def stats(self) -> dict[str, Any] | None:
+        """The service's counters (`CheckpointService.stats`), None without one."""
+        service = self.service
+        return service.stats() if service is not None else self._final_stats
+
+    def shutdown(self) -> None:
+        """Notes the last commit and the final counters, then stops the service."""
+        if self.service is None:
+            return
+        try:
+            self.poll(force=True)
+            self._final_stats = self.service.stats()
+        except Exception:  # stats are informative only
+            log.exception("checkpoint stats unavailable")
+        service, self.service = self.service, None
+        service.shutdown()
+
+    def summary(self) -> dict[str, Any] | None:
+        """`Result.checkpoint`: the newest commit, the loads and phases, the final counters."""
+        if not self._started:
+            return None
+        return {"latest_committed_step": self.last_commit, "loads": self._record.loads,
+                "phases": self._record.phases, "stats": self._final_stats}

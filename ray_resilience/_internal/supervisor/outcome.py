@@ -1,0 +1,51 @@
+"""What the supervisor's `run()` hands the driver: one typed, picklable `RunOutcome`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ray_resilience.errors import RunAbortedError
+from ray_resilience.result import Result
+
+if TYPE_CHECKING:
+    from ray_resilience.goodput import GoodputReport
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunOutcome:
+    """A run's end as the supervisor saw it; `to_result` makes the user's `Result` of it."""
+
+    state: str
+    """"finished", "failed" or "aborted"."""
+    error: BaseException | None = None
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The last metrics rank 0 reported."""
+    metrics_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    attempts: int = 0
+    faults: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """`DetectedFault.describe()` of every fault, in order (JSON-safe)."""
+    return_values: list[bytes | None] = dataclasses.field(default_factory=list)
+    """Each rank's pickled return value: only the driver unpickles the user's types."""
+    worker_pids: list[int] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+    goodput: GoodputReport | None = None
+    timeouts: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+    callback_failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Hook calls that raised, by "CallbackClass.hook" (each logged in the supervisor)."""
+
+    @classmethod
+    def lost_supervisor(cls, exc: BaseException) -> RunOutcome:
+        """The outcome when the supervisor actor itself died (its record died with it)."""
+        return cls(state="failed", error=RunAbortedError(f"the supervisor actor died: {exc}"))
+
+    def to_result(self, path: str, loads: Callable[[bytes], Any]) -> Result:
+        """The user's `Result`; `loads` unpickles the ranks' return values."""
+        return Result(
+            metrics=self.metrics, metrics_history=self.metrics_history, path=path,
+            error=self.error, state=self.state, attempts=self.attempts, faults=self.faults,
+            return_values=[None if v is None else loads(v) for v in self.return_values],
+            worker_pids=self.worker_pids, wall_s=self.wall_s, goodput=self.goodput,
+            timeouts=self.timeouts, checkpoint=self.checkpoint)

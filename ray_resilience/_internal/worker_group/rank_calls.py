@@ -1,0 +1,66 @@
+"""The Ray calls the supervisor makes on its ranks: waits on run calls, their outcomes, interrupts
+and health checks. Mixed into `WorkerGroup`; a dummy group in unit tests has the same methods."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from ray_resilience._internal.attempt import AttemptOutcome, RankLost
+
+log = logging.getLogger(__name__)
+
+
+class RankCalls:
+    """Calls on `actors` (one per rank); `info` holds each rank's node id."""
+
+    actors: list[Any]
+    info: list[dict[str, Any]]
+
+    def wait(self, refs: list[Any], timeout_s: float, *, num_returns: int = 1) -> list[Any]:
+        """The refs (run futures, health answers) done once `num_returns` are, or at the timeout."""
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=min(num_returns, len(refs)), timeout=timeout_s)
+        return ready
+
+    def outcome(self, ref: Any, rank: int) -> AttemptOutcome | RankLost:
+        """What a done run future of `rank` returned, or how its actor was lost."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return RankLost(rank=rank, node_lost=self._node_dead(rank), detail=str(exc))
+
+    def _node_dead(self, rank: int) -> bool:
+        """Whether the GCS lists the node `rank` ran on as dead (a lost node, not a process)."""
+        node = self.info[rank]["node_id"] if rank < len(self.info) else None
+        try:
+            return any(n["NodeID"] == node and not n["Alive"] for n in ray.nodes())
+        except Exception:  # the GCS is unreachable: report what is certain
+            log.warning("could not ask the GCS whether node %s is alive", node, exc_info=True)
+            return False
+
+    def interrupt(self, ranks: list[int], attempt: int) -> None:
+        """Asks `ranks` to abort their collectives and unwind `attempt` (fire and forget)."""
+        for rank in ranks:
+            self.actors[rank].interrupt.remote(attempt)
+
+    def health(self, ranks: list[int], timeout_s: float) -> dict[int, str]:
+        """Ranks among `ranks` that are unhealthy (CUDA on GPU) or did not answer, with why."""
+        refs = {self.actors[r].health.remote(): r for r in ranks}
+        ready = set(self.wait(list(refs), timeout_s, num_returns=len(refs)))
+        unhealthy = {rank: "no answer to the health check" for ref, rank in refs.items()
+                     if ref not in ready}
+        for ref in ready:
+            try:
+                reason = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                reason = f"actor died: {exc}"
+            if reason is not None:
+                unhealthy[refs[ref]] = reason
+        return unhealthy
+
+    def available_resources(self) -> dict[str, float]:
+        return ray.available_resources()
