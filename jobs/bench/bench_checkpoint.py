@@ -46,14 +46,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; --quick: 1)")
     p.add_argument("--out", default=None, help="result folder (default results/bench/<time>)")
     args = p.parse_args(argv)
-    args.sizes = [s for s in (args.sizes or ("tiny" if args.quick else ",".join(SIZES))).split(",") if s]
+    sizes = args.sizes or ("tiny" if args.quick else ",".join(SIZES))
+    args.sizes = [s for s in sizes.split(",") if s]
     args.methods = [m for m in args.methods.split(",") if m]
-    for name, choices, flag in ((args.sizes, SIZES, "--sizes"), (args.methods, METHODS, "--methods")):
-        unknown = [n for n in name if n not in choices]
+    for names, choices, flag in ((args.sizes, SIZES, "--sizes"),
+                                 (args.methods, METHODS, "--methods")):
+        unknown = [n for n in names if n not in choices]
         if unknown:
             p.error(f"{flag}: unknown {unknown}; choose from {', '.join(choices)}")
     args.reps = args.reps or (1 if args.quick else 3)
-    args.out = os.path.abspath(args.out or os.path.join("results", "bench", time.strftime("%Y%m%d-%H%M%S")))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    args.out = os.path.abspath(args.out or os.path.join("results", "bench", stamp))
     return args
 
 
@@ -77,7 +80,8 @@ def run_size(size_name: str, args: argparse.Namespace, storage: str, shm: str) -
                     results.append((method, interval, result))
                 print(f"  rep {rep} {method} every {interval}: done", flush=True)
             for method, interval, result in results:
-                per_config.setdefault((method, interval), []).append(score_rep(result, method, baseline))
+                scored = score_rep(result, method, baseline)
+                per_config.setdefault((method, interval), []).append(scored)
     finally:
         bench.close()
     return [{"size": size_name, "method": m, "interval": k, "steps": steps,
@@ -87,7 +91,8 @@ def run_size(size_name: str, args: argparse.Namespace, storage: str, shm: str) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python jobs/bench/bench_checkpoint.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    command = "python jobs/bench/bench_checkpoint.py " + shlex.join(given)
     info = machine.describe(command)
     storage = tempfile.mkdtemp(prefix="rrbench-ckpt-")
     shm = tempfile.mkdtemp(prefix="rrbench-ckpt-", dir="/dev/shm")

@@ -31,7 +31,8 @@ from sweep.recovery import SizeSweep, SweepConfig  # noqa: E402
 from sweep.results import write_gz, write_json  # noqa: E402
 
 
-def _names(text: str, choices: object, flag: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+def _names(text: str, choices: object, flag: str,
+           parser: argparse.ArgumentParser) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in choices]
     if unknown:

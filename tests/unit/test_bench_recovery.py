@@ -22,6 +22,8 @@ from harness.events import EventLog, FaultLedger, read_events, write_events  # n
 from harness.spec import Workload  # noqa: E402
 from harness.timeline import align_to_ledger, build_timeline, events_to_timeline  # noqa: E402
 from harness.workload import FaultTrigger  # noqa: E402
+from peers import MECHANISMS, make_peer  # noqa: E402
+from peers.torchft_peer import QuorumChange  # noqa: E402
 from sweep.plans import plan_for  # noqa: E402
 
 from ray_resilience.goodput import RunTimeline, compute_goodput  # noqa: E402
@@ -192,8 +194,6 @@ def test_cli_defaults_and_validation(tmp_path) -> None:
 
 
 def test_torchft_detection_is_the_first_quorum_change() -> None:
-    from peers.torchft_peer import QuorumChange
-
     detect = QuorumChange()
     lines = ["got lighthouse quorum ... quorum_id: 1, participants: [a, b]",
              "should_commit=true", "got lighthouse quorum ... quorum_id: 1, participants: [a, b]",
@@ -202,8 +202,6 @@ def test_torchft_detection_is_the_first_quorum_change() -> None:
 
 
 def test_every_mechanism_says_how_it_is_configured_and_what_it_cannot_run() -> None:
-    from peers import MECHANISMS, make_peer
-
     for name in MECHANISMS:
         peer = make_peer(name)
         assert peer.name == name and peer.config

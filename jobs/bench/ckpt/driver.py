@@ -61,7 +61,8 @@ class Bench:
     def __init__(self, size_name: str, world_size: int, storage: str, shm: str) -> None:
         actor = ray.remote(BenchRank).options(num_cpus=1, max_concurrency=2)
         port = _port()
-        self.size_name, self.storage, self.shm, self.world_size = size_name, storage, shm, world_size
+        self.size_name, self.world_size = size_name, world_size
+        self.storage, self.shm = storage, shm
         self.ranks = [actor.remote(r, world_size, port, size_name) for r in range(world_size)]
         self.node = ray.get_runtime_context().get_node_id()
         self.state_bytes = sum(ray.get([r.state_bytes.remote() for r in self.ranks]))

@@ -92,7 +92,8 @@ class DcpAsync(Saver):
 
     def finish(self) -> None:
         self._io.close()
-        self.commits = [(e["step"], e["t"]) for e in read_events(self.folder) if e["ev"] == "commit"]
+        self.commits = [(e["step"], e["t"]) for e in read_events(self.folder)
+                        if e["ev"] == "commit"]
 
 
 class Ours(Saver):

@@ -36,7 +36,8 @@ def score_rep(result: dict[str, Any], method: str, baseline_wall_s: float | None
             "aws_efficiency": 1 - sum(blocking) / wall if wall > 0 else None,
             "throughput_efficiency": baseline_wall_s / wall if baseline_wall_s and wall else None,
             "held_mb": (sum(r["held_bytes"] for r in ranks) + result.get("writer_bytes", 0)) / 1e6,
-            "coalesced": sum(r["coalesced"] for r in ranks), "skipped": sum(r["skipped"] for r in ranks)}
+            "coalesced": sum(r["coalesced"] for r in ranks),
+            "skipped": sum(r["skipped"] for r in ranks)}
 
 
 def pool(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:

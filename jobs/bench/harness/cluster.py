@@ -15,10 +15,12 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import psutil
+import ray
+from ray.cluster_utils import Cluster
 
 from ray_resilience.testing import FaultKind
 
@@ -26,6 +28,7 @@ from .events import EVENTS_DIR, FaultLedger
 from .launcher import with_bench_paths
 from .spec import Workload
 
+T = TypeVar("T")
 REPLACEMENT_DELAY_S = 1.0
 TRAINER = "trainer"
 DESCRIPTION = ("ray.cluster_utils.Cluster: head + one raylet per rank with a 'trainer' "
@@ -35,9 +38,6 @@ DESCRIPTION = ("ray.cluster_utils.Cluster: head + one raylet per rank with a 'tr
 @contextlib.contextmanager
 def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
     """`ray.init` on a fresh cluster of a head and `nodes` worker nodes; torn down on exit."""
-    import ray
-    from ray.cluster_utils import Cluster
-
     os.environ["PYTHONPATH"] = with_bench_paths(os.environ.get("PYTHONPATH", ""))
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": head_cpus, "include_dashboard": False,
@@ -53,38 +53,45 @@ def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
 
 
 class NodeKiller:
-    """Fires the plan's node-loss faults (a thread of the driver; see the module docstring)."""
+    """Fires the plan's node-loss faults from the main thread (see the module docstring)."""
 
     def __init__(self, cluster: Any, workload: Workload) -> None:
         self.cluster, self.workload = cluster, workload
         self._due = [f for f in workload.fault_plan if f.kind is FaultKind.NODE_LOSS]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="node-killer", daemon=True)
 
-    def __enter__(self) -> NodeKiller:
-        self._thread.start()
-        return self
+    def run_beside(self, fit: Callable[[], T]) -> T:
+        """Runs `fit` on a thread and fires the faults here until it returns; its result."""
+        box: dict[str, Any] = {}
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        def target() -> None:
+            try:
+                box["result"] = fit()
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+                box["error"] = exc
 
-    def _loop(self) -> None:
+        thread = threading.Thread(target=target, name="fit", daemon=True)
+        thread.start()
         ledger = FaultLedger(self.workload.run_dir)
-        while self._due and not self._stop.wait(0.05):
-            fault = self._due[0]
-            pids = _step_reached(self.workload.run_dir, fault.step - 1, fault.rank)
-            if pids is None:
-                continue
-            node = self._node_of(pids)
-            if node is None:
-                continue
-            self._due.pop(0)
-            ledger.record(fault)
-            node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
-            self.cluster.worker_nodes.remove(node)
-            time.sleep(REPLACEMENT_DELAY_S)
-            self.cluster.add_node(num_cpus=1, resources={TRAINER: 1})
+        while thread.is_alive():
+            thread.join(0.05)
+            if self._due and thread.is_alive():
+                self._maybe_fire(ledger)
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def _maybe_fire(self, ledger: FaultLedger) -> None:
+        fault = self._due[0]
+        pids = _step_reached(self.workload.run_dir, fault.step - 1, fault.rank)
+        node = self._node_of(pids) if pids else None
+        if node is None:
+            return
+        self._due.pop(0)
+        ledger.record(fault)
+        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+        self.cluster.worker_nodes.remove(node)
+        time.sleep(REPLACEMENT_DELAY_S)
+        self.cluster.add_node(num_cpus=1, resources={TRAINER: 1})
 
     def _node_of(self, pids: set[int]) -> Any:
         for node in list(self.cluster.worker_nodes):

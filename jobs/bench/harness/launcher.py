@@ -180,7 +180,8 @@ def run_launcher(
     (returncode,), error = wait_all([launcher], timeout_s)
     if error is not None or returncode != 0:
         run.status = "failed"
-        run.error = error or f"launcher exited with {returncode}; see {workload.run_dir}/launcher.log"
+        run.error = error or (f"launcher exited with {returncode}; "
+                              f"see {workload.run_dir}/launcher.log")
     return collect(run, workload, t_start)
 
 

@@ -34,7 +34,7 @@ logging.getLogger("nvidia_resiliency_ext").setLevel(logging.WARNING)
 class CpuTensorAwareStateDict(BasicTensorAwareStateDict):
     """NVRx's basic state dict for tensors that already live in CPU memory."""
 
-    def __init__(self, state_dict: dict[str, Any]) -> None:  # noqa: D107 - no CUDA check
+    def __init__(self, state_dict: dict[str, Any]) -> None:
         self.state_dict = state_dict
         self._is_hollow = False
 

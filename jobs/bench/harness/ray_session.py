@@ -13,18 +13,22 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
+import ray
+
+from .cluster import TRAINER, NodeKiller, simulated_cluster
 from .launcher import with_bench_paths
 from .spec import Workload
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
 def private_ray(num_cpus: int) -> Iterator[None]:
     """`ray.init` on a fresh local head in a private temp folder advertising `num_cpus`; shut
     down on exit."""
-    import ray
-
     if ray.is_initialized():
         raise RuntimeError("Ray is already initialised in this process; the benchmark needs "
                            "its own private instance (run it as its own process).")
@@ -41,22 +45,20 @@ def private_ray(num_cpus: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_for(workload: Workload, num_cpus: int) -> Iterator[None]:
-    """The Ray a Ray-based mechanism runs `workload` on: a private single node, or a simulated
-    cluster (`workload.nodes`) with its node-loss faults fired by a `NodeKiller`."""
+def ray_for(workload: Workload, num_cpus: int) -> Iterator[Callable[[Callable[[], T]], T]]:
+    """The Ray a Ray-based mechanism runs `workload` on, and a `call(fit)` to run its `fit`
+    with: on a private single node, `fit()` as is; on a simulated cluster (`workload.nodes`),
+    `fit` in a thread while this (main) thread fires the node-loss faults (`NodeKiller`: a
+    node's processes can only be killed from the main thread)."""
     if not workload.nodes:
         with private_ray(num_cpus):
-            yield
+            yield lambda fit: fit()
         return
-    from .cluster import NodeKiller, simulated_cluster
-
     with simulated_cluster(workload.nodes, head_cpus=max(1, num_cpus - workload.world_size)) \
-            as cluster, NodeKiller(cluster, workload):
-        yield
+            as cluster:
+        yield lambda fit: NodeKiller(cluster, workload).run_beside(fit)
 
 
 def rank_resources(workload: Workload) -> dict[str, float]:
     """Extra resources a rank asks for: one node's "trainer" slot in a simulated cluster."""
-    from .cluster import TRAINER
-
     return {TRAINER: 1.0} if workload.nodes else {}

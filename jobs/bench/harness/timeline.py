@@ -24,8 +24,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ray_resilience.testing import FaultKind
 from ray_resilience.goodput import RunTimeline
+from ray_resilience.testing import FaultKind
 
 from .events import FaultLedger, read_events
 
@@ -100,8 +100,8 @@ def _record_fault(
     if t_new is not None and t_pg is not None and t_pg >= t_new:
         timeline.recovery_phase(fid, "rendezvous", t_new, t_pg)
     load = next((e for e in _of(window, "load") if e.get("rank") == LEAD_RANK), None)
-    if load is None:
-        first = next((e for e in steps if e["t"] > t_detect), None)
+    if load is None:  # rank 0 kept training (torchft): its next step ends the stall
+        first = next((e for e in steps if e["t"] > t_fault), None)
         if first is not None:
             timeline.recovery_done(fid, first["t"], first["step"] - 1)
         return

@@ -142,13 +142,15 @@ class FaultTrigger:
     A fault fires at the first step at or after its planned one that this rank trains: the
     same step for every mechanism whose ranks train every step, and still once for a torchft
     replica that healed past it. Fired faults are read from the ledger once per process (a
-    restarted rank must not fire them again); the hot path is one comparison.
+    restarted rank must not fire them again); the hot path is one comparison. Faults the
+    harness fires (node loss) are not this rank's to fire.
     """
 
     def __init__(self, workload: Workload, ledger: FaultLedger, rank: int) -> None:
         fired = ledger.fired_ids()
         self._ledger = ledger
-        self._due = [f for f in workload.fault_plan if f.rank == rank and f.id not in fired]
+        self._due = [f for f in workload.fault_plan
+                     if f.rank == rank and f.id not in fired and f.kind.fired_in_worker]
 
     def __call__(self, step: int) -> None:
         if not self._due or self._due[0].step > step:

@@ -32,12 +32,28 @@ REPLICA_FAMILY = ("torchft", "torchft-ckpt", "ray-train-torchft")
 NOT_BIT_COMPARABLE = REPLICA_FAMILY
 
 
+class Missing:
+    """A mechanism whose software is not installed here: listed, never run."""
+
+    supported_kinds: frozenset = frozenset()
+    num_spares, uses_durable, local_tier, config = 0, False, False, "not installed"
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+
+    def available(self) -> str:
+        return self.reason
+
+
 def make_peer(name: str, **options: Any) -> Any:
     """Instantiate the mechanism called `name` (see MECHANISMS); `options` e.g. timeout_s."""
     if name not in MECHANISMS:
         raise ValueError(f"mechanism={name!r} is unknown; choose from {', '.join(MECHANISMS)}.")
     module_name, class_name, kwargs = MECHANISMS[name]
-    module = importlib.import_module(f"{__name__}.{module_name}")
+    try:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+    except ImportError as exc:  # its software (Ray Train, torchft, NVRx) is missing here
+        return Missing(name, f"not installed: {exc}")
     return getattr(module, class_name)(**kwargs, **options)
 
 

@@ -1,6 +1,7 @@
 """One rank of the benchmark workload, started by torchrun or NVRx's ft_launcher.
 
-    torchrun --standalone --nproc-per-node 2 --max-restarts 5 -m peers.elastic_worker RUN/workload.json
+    torchrun --standalone --nproc-per-node 2 --max-restarts 5 \
+        -m peers.elastic_worker RUN/workload.json
     ft_launcher --standalone --nproc-per-node 2 --max-restarts 5 --ft-rank-heartbeat-timeout 5 \
         -m peers.elastic_worker RUN/workload.json --nvrx-heartbeats
 
@@ -27,7 +28,6 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
-
 from harness.events import EventLog
 from harness.spec import Workload
 from harness.tiers import TieredCheckpoints
@@ -36,7 +36,8 @@ from harness.workload import train
 
 def _heartbeats() -> tuple[Callable[[int], None], Callable[[], None]]:
     """Connect to ft_launcher's rank monitor; returns (per-step hook, shutdown)."""
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+    # Imported here: torchrun's workers do not need NVRx (its import would count in their start).
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # noqa: PLC0415
 
     client = RankMonitorClient()
     client.init_workload_monitoring()

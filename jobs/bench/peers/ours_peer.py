@@ -30,6 +30,10 @@ from harness.spec import PeerRun, Workload
 from harness.timeline import align_to_ledger
 from harness.workload import FaultTrigger, Restored, build, restore, write_final_params
 
+import ray_resilience as rr
+from ray_resilience.checkpoint import CheckpointConfig
+from ray_resilience.examples.llama import causal_lm_loss
+from ray_resilience.examples.token_data import TokenDataset
 from ray_resilience.goodput import RunTimeline
 from ray_resilience.testing import FaultKind
 
@@ -41,10 +45,6 @@ FIRST_STEP_TIMEOUT_S = 120.0
 
 def _train_loop(config: dict[str, Any]) -> dict[str, int]:
     """Runs on every rank; re-entered from the newest checkpoint after each recovery."""
-    import ray_resilience as rr
-    from ray_resilience.examples.llama import causal_lm_loss
-    from ray_resilience.examples.token_data import TokenDataset
-
     t_entry = time.time()
     torch.set_num_threads(1)  # as for every peer: 2 ranks on 2 cores
     workload = Workload.from_json(config["workload"])
@@ -98,15 +98,13 @@ class OursPeer:
         return None
 
     def run(self, workload: Workload) -> PeerRun:
-        import ray_resilience as rr
-
         workload.write()
         run = PeerRun(mechanism=self.name, run_dir=workload.run_dir,
                       notes=["timeline recorded by our supervisor; faults labelled from the "
                              "benchmark's ledger"])
         t_start = time.time()
-        with ray_for(workload, num_cpus=workload.world_size + self.num_spares + 1):
-            result = self._trainer(rr, workload).fit()
+        with ray_for(workload, num_cpus=workload.world_size + self.num_spares + 1) as call:
+            result = call(self._trainer(workload).fit)
         report = getattr(result, "goodput", None)
         timeline = getattr(report, "timeline", None)
         if timeline is not None:
@@ -120,12 +118,11 @@ class OursPeer:
             run.status, run.error = "failed", "Result.goodput carries no timeline"
         return run
 
-    def _trainer(self, rr: Any, workload: Workload) -> Any:
-        from ray_resilience.checkpoint import CheckpointConfig
-
+    def _trainer(self, workload: Workload) -> Any:
         checkpoint = CheckpointConfig(
-            interval_steps=workload.checkpoint_interval, local_interval_steps=workload.local_interval,
-            local_dir=workload.local_root, local_max_bytes=None)
+            interval_steps=workload.checkpoint_interval,
+            local_interval_steps=workload.local_interval, local_dir=workload.local_root,
+            local_max_bytes=None)
         return rr.ResilientTrainer(
             _train_loop,
             train_loop_config={"workload": workload.to_json()},

@@ -16,22 +16,23 @@ import time
 import uuid
 from typing import Any
 
+import ray.train
 from harness.events import EventLog
 from harness.launcher import collect
 from harness.ray_session import rank_resources, ray_for
 from harness.spec import PeerRun, Workload
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.train.v2.torch.torchft_config import TorchftConfig
 
 from ray_resilience.testing import FaultKind
 
 from .ray_train_peer import HEALTH_CHECK_INTERVAL_S, bench_callback, fit_with_deadline
+from .torchft_loop import run_replica
 from .torchft_peer import HANG_UNSUPPORTED, LIGHTHOUSE_KWARGS, NOTE_NOT_BIT_EQUAL
 
 
 def _train_fn(config: dict[str, Any]) -> None:
-    import ray.train
-
-    from .torchft_loop import run_replica
-
     t_entry = time.time()
     workload = Workload.from_json(config["workload"])
     rank = ray.train.get_context().get_world_rank()
@@ -58,11 +59,6 @@ class RayTorchftPeer:
         self.timeout_s = timeout_s
 
     def available(self) -> str | None:
-        try:
-            import torchft  # noqa: F401
-            from ray.train.v2.torch.torchft_config import TorchftConfig  # noqa: F401
-        except ImportError as exc:
-            return f"Ray Train's TorchftConfig or torchft is missing: {exc}"
         return None
 
     def run(self, workload: Workload) -> PeerRun:
@@ -71,17 +67,13 @@ class RayTorchftPeer:
                       notes=[NOTE_NOT_BIT_EQUAL, "detect = controller's after_exception callback"])
         os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(HEALTH_CHECK_INTERVAL_S)
         t_start = time.time()
-        with ray_for(workload, num_cpus=workload.world_size + 1):
-            error = fit_with_deadline(self._trainer(workload), self.timeout_s)
+        with ray_for(workload, num_cpus=workload.world_size + 1) as call:
+            error = call(lambda: fit_with_deadline(self._trainer(workload), self.timeout_s))
         if error is not None:
             run.status, run.error = "failed", f"{type(error).__name__}: {error}"
         return collect(run, workload, t_start)
 
     def _trainer(self, workload: Workload) -> Any:
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-        from ray.train.v2.torch.torchft_config import TorchftConfig
-
         return TorchTrainer(
             _train_fn, train_loop_config={"workload": workload.to_json()},
             torch_config=TorchftConfig(lighthouse_kwargs=dict(LIGHTHOUSE_KWARGS), backend="gloo",

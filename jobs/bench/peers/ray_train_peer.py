@@ -26,13 +26,23 @@ import time
 import uuid
 from typing import Any
 
+import ray.train
 import torch
+import torch.distributed.checkpoint as dcp
 from harness.dcp_io import dcp_state, load_dcp
 from harness.events import EventLog
 from harness.launcher import collect
 from harness.ray_session import rank_resources, ray_for
 from harness.spec import PeerRun, Workload
 from harness.workload import Restored, train
+from ray.train import (
+    CheckpointConfig,
+    CheckpointUploadMode,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+from ray.train.torch import TorchConfig, TorchTrainer
 from torch import nn
 
 from ray_resilience.testing import FaultKind
@@ -49,8 +59,6 @@ class RayTrainCheckpoints:
         self.rank, self.local_root = rank, local_root
 
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restored | None:
-        import ray.train
-
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             return None
@@ -60,10 +68,6 @@ class RayTrainCheckpoints:
                 return Restored(step=int(json.load(f)["step"]), rng=rng, tier="storage")
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        import ray.train
-        import torch.distributed.checkpoint as dcp
-        from ray.train import CheckpointUploadMode
-
         os.makedirs(self.local_root, exist_ok=True)
         folder = tempfile.mkdtemp(prefix=f"step{step}_", dir=self.local_root)
         dcp.save(dcp_state(model, optimizer, self.rank), checkpoint_id=folder)
@@ -87,8 +91,6 @@ class RayTrainCheckpoints:
 
 def _train_fn(config: dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker: log the attempt's start, then the shared loop."""
-    import ray.train
-
     t_entry = time.time()
     workload = Workload.from_json(config["workload"])
     context = ray.train.get_context()
@@ -101,7 +103,6 @@ def _train_fn(config: dict[str, Any]) -> None:
 
 def bench_callback(run_dir: str) -> Any:
     """A controller-side `ray.train.UserCallback` that logs detections and commits."""
-    import ray.train
 
     class _BenchCallback(ray.train.UserCallback):
         def __init__(self) -> None:
@@ -162,10 +163,6 @@ class RayTrainPeer:
         self.timeout_s = timeout_s
 
     def available(self) -> str | None:
-        try:
-            import ray.train.torch  # noqa: F401
-        except ImportError as exc:
-            return f"ray[train] is not installed: {exc}"
         return None
 
     def run(self, workload: Workload) -> PeerRun:
@@ -175,16 +172,13 @@ class RayTrainPeer:
                              "the new worker group's process-group setup"])
         os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(HEALTH_CHECK_INTERVAL_S)
         t_start = time.time()
-        with ray_for(workload, num_cpus=workload.world_size + 1):
-            error = fit_with_deadline(self._trainer(workload), self.timeout_s)
+        with ray_for(workload, num_cpus=workload.world_size + 1) as call:
+            error = call(lambda: fit_with_deadline(self._trainer(workload), self.timeout_s))
         if error is not None:
             run.status, run.error = "failed", f"{type(error).__name__}: {error}"
         return collect(run, workload, t_start)
 
     def _trainer(self, workload: Workload) -> Any:
-        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchConfig, TorchTrainer
-
         return TorchTrainer(
             _train_fn,
             train_loop_config={"workload": workload.to_json()},

@@ -31,6 +31,7 @@ from harness.events import EventLog, FaultLedger
 from harness.sizes import size
 from harness.spec import FINAL_PARAMS_FILE, Workload
 from harness.workload import FaultTrigger, rank_seed
+from torchft import Manager, Optimizer, ProcessGroupGloo
 
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 from ray_resilience.examples.token_data import TokenDataset
@@ -69,8 +70,6 @@ def _start_together(workload: Workload, replica: int) -> None:
 def run_replica(workload: Workload, replica: int, log: EventLog, *, durable: bool,
                 **manager_kwargs: Any) -> None:
     """Train replica group `replica` to `max_steps` (or until the job ends)."""
-    from torchft import Manager, Optimizer, ProcessGroupGloo
-
     torch.set_num_threads(1)
     torch.manual_seed(rank_seed(workload, replica))
     model = build_model(size(workload.size).model, seed=workload.seed)

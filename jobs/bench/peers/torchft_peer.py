@@ -18,6 +18,7 @@ its share of the batch only (torchft's design).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 
@@ -45,6 +46,7 @@ LIGHTHOUSE_KWARGS = {"min_replicas": 1, "join_timeout_ms": JOIN_TIMEOUT_MS,
                      "quorum_tick_ms": QUORUM_TICK_MS, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS}
 NOTE_NOT_BIT_EQUAL = ("survivors train on their share of the batch while a replica is down, so "
                       "final parameters are not expected to be bit-equal")
+_QUORUM_ID = re.compile(r"quorum_id: (\d+)")
 HANG_UNSUPPORTED = ("a hung replica's manager keeps heartbeating, so the lighthouse waits "
                     "join_timeout_ms for it at every quorum and nothing kills it")
 
@@ -57,9 +59,7 @@ class QuorumChange:
         self.last: str | None = None
 
     def __call__(self, line: str) -> bool:
-        import re
-
-        match = re.search(r"quorum_id: (\d+)", line)
+        match = _QUORUM_ID.search(line)
         if match is None:
             return False
         changed = self.last is not None and match.group(1) != self.last
@@ -87,16 +87,12 @@ class TorchftPeer:
         self.name = "torchft-ckpt" if durable else "torchft"
         self.uses_durable = durable
         self.config = (f"default async quorum; manager timeout = detection timeout; lighthouse "
-                       f"heartbeat {HEARTBEAT_TIMEOUT_MS} ms, join {JOIN_TIMEOUT_MS} ms; replicated "
-                       "model, heal from a live peer"
+                       f"heartbeat {HEARTBEAT_TIMEOUT_MS} ms, join {JOIN_TIMEOUT_MS} ms; "
+                       "replicated model, heal from a live peer"
                        + ("; replica 0 saves DCP async (thread checkpointer)" if durable
                           else "; no durable checkpoints"))
 
     def available(self) -> str | None:
-        try:
-            import torchft  # noqa: F401
-        except ImportError as exc:
-            return f"torchft is not installed: {exc}"
         if tool("torchft_lighthouse") is None or tool("torchrun") is None:
             return "torchft_lighthouse or torchrun is missing from this environment"
         return None

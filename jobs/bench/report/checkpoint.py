@@ -11,6 +11,10 @@ PAIRS = (("ours_block", "dcp_async", "both persist every save"),
          ("ours_local", "nvrx_local", "node-local tiers"))
 
 
+def _whole(x: float) -> str:
+    return pct(x, 0)
+
+
 def _stale(row: dict[str, Any]) -> str:
     st = row["staleness"]
     if st["steps_median"] is None:
@@ -24,7 +28,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
                "held memory"]
     body = [[r["method"] + ("" if r["durable"] else " (node-local)"), ms(r["blocking_median_s"]),
              ms(r["blocking_p99_s"]), spread(r["aws_efficiency"]),
-             spread(r["throughput_efficiency"]), spread(r["persisted_fraction"], lambda x: pct(x, 0)),
+             spread(r["throughput_efficiency"]), spread(r["persisted_fraction"], _whole),
              _stale(r), spread(r["held_mb"], lambda x: f"{x:.0f} MB")] for r in rows]
     return table(headers, body)
 
@@ -42,8 +46,9 @@ def _pair_lines(rows: list[dict[str, Any]]) -> list[str]:
         verdict = "ahead" if ta > tb else ("behind" if ta < tb else "level")
         lines.append(f"- {ours} vs {peer} ({why}): throughput efficiency {pct(ta)} vs {pct(tb)} "
                      f"(ours {verdict}); blocking p99 {ms(a['blocking_p99_s'])} vs "
-                     f"{ms(b['blocking_p99_s'])}; persisted {pct(a['persisted_fraction']['median'], 0)}"
-                     f" vs {pct(b['persisted_fraction']['median'], 0)}; staleness {_stale(a)} vs "
+                     f"{ms(b['blocking_p99_s'])}; persisted "
+                     f"{_whole(a['persisted_fraction']['median'])} vs "
+                     f"{_whole(b['persisted_fraction']['median'])}; staleness {_stale(a)} vs "
                      f"{_stale(b)}.")
     return lines
 
@@ -61,7 +66,7 @@ def section(doc: dict[str, Any]) -> str:
     for row in doc["rows"]:
         groups.setdefault((row["size"], row["interval"]), []).append(row)
     for (size, interval), rows in groups.items():
-        out += [f"### {size} ({rows[0]['state_mb']:.0f} MB on 2 ranks), save every {interval} "
+        out += [f"### {size} ({rows[0]['state_mb']:.3g} MB on 2 ranks), save every {interval} "
                 f"step(s), {rows[0]['steps']} steps", "", _table(rows), ""]
         lines = _pair_lines(rows)
         if lines:

@@ -44,18 +44,20 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
         if info.get("unavailable"):
             rows.append([mech, f"not run: {info['unavailable']}", *[""] * (len(headers) - 2)])
             continue
+        blank = [""] * (len(headers) - 2)
         if mech in scenario["skipped"]:
-            rows.append([mech, f"skipped: {scenario['skipped'][mech]}", *[""] * (len(headers) - 2)])
+            rows.append([mech, f"skipped: {scenario['skipped'][mech]}", *blank])
             continue
         if s is None:
             continue
         if not s["ok"]:
-            rows.append([mech, f"failed: {'; '.join(s['errors'])[:200]}", *[""] * (len(headers) - 2)])
+            rows.append([mech, f"failed: {'; '.join(s['errors'])[:200]}", *blank])
             continue
         comparable = info["bit_comparable"]
         rows.append([
-            mech, spread(s["training_goodput"]), spread(s["wall_s"], sec), spread(s["startup_s"], sec),
-            spread(s["goodput_after_startup"]), spread(s["infra_goodput_per_slot"]),
+            mech, spread(s["training_goodput"]), spread(s["wall_s"], sec),
+            spread(s["startup_s"], sec), spread(s["goodput_after_startup"]),
+            spread(s["infra_goodput_per_slot"]),
             *[_recovery(s, k) for k in kinds], spread(s["steps_redone"], num),
             _bit(s, "own", comparable), _bit(s, "family", comparable),
             spread(s["peak_rss_bytes"], gib), spread(s["cpu_s"], sec),

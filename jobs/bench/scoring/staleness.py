@@ -20,7 +20,7 @@ def staleness(steps: Sequence[tuple[int, float]], commits: Sequence[tuple[int, f
     The age counts from the state the checkpoint holds (its step, completed at that step's
     time); before any commit, from step 0 at `t_start` (a restart from scratch).
     """
-    step_time = {s: t for s, t in steps}
+    step_time = dict(steps)
     done = sorted((t, s) for s, t in commits)
     done_times = [t for t, _ in done]
     newest_by_index, best = [], 0

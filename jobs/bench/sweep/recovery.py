@@ -8,7 +8,7 @@
    parameters every faulty run is compared with, bit for bit;
 3. faulty: each scenario's plan, `reps` times; the order of mechanisms rotates every
    repetition, so a drift of the machine's speed spreads over all of them.
-Every run is isolated in its own runner process (`harness.runner`) and charged its resources.
+Every run is isolated in its own runner process (`sweep.runner`) and charged its resources.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 from harness.sizes import size as size_of
 from harness.spec import Workload, unsupported_kinds
 from peers import NOT_BIT_COMPARABLE, family, make_peer
-
-from ray_resilience.examples.token_data import generate_shards
 from scoring.intervals import save_costs, young_interval
 from scoring.yardstick import steady_step_s, yardstick
+
+from ray_resilience.examples.token_data import generate_shards
 
 from . import runs
 from .plans import SCENARIOS, plan_for
@@ -80,7 +80,8 @@ class SizeSweep:
         scenarios = {s: self._scenario(base, s, runnable, intervals) for s in self.cfg.scenarios}
         self._score_all(stick[1] if stick else None, references)
         return {
-            "size": dataclasses.asdict(self.size) | {"state_bytes_per_rank": self.size.state_bytes_per_rank},
+            "size": {**dataclasses.asdict(self.size),
+                     "state_bytes_per_rank": self.size.state_bytes_per_rank},
             "max_steps": self.steps, "reps": self.cfg.reps, "quick": self.cfg.quick,
             "world_size": self.cfg.world_size,
             "yardstick": {"mechanism": stick[0], "step_s": stick[1]} if stick else None,
@@ -155,7 +156,8 @@ class SizeSweep:
             if missing:
                 reasons = getattr(self.peers[name], "unsupported_reasons", {})
                 why = "; ".join(reasons.get(k, "") for k in reasons if k.value in missing)
-                skipped[name] = f"cannot recover from {', '.join(missing)}" + (f": {why}" if why else "")
+                skipped[name] = f"cannot recover from {', '.join(missing)}" \
+                    + (f": {why}" if why else "")
         active = [n for n in names if n not in skipped]
         for rep in range(self.cfg.reps):
             for name in _rotated(active, rep + 1):

@@ -6,12 +6,13 @@ import os
 import shutil
 from typing import Any
 
-from harness.isolated import run_isolated
 from harness.spec import Workload
 from harness.workload import params_equal, read_final_params
+from scoring.yardstick import score_run
 
 from ray_resilience.goodput import RunTimeline
-from scoring.yardstick import score_run
+
+from .isolated import run_isolated
 
 #: Subfolders of a run that hold checkpoints: deleted after the run (they can be gigabytes).
 BULKY = ("checkpoints", "storage")

@@ -30,7 +30,8 @@ def summarize_faulty(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for name in ("peak_rss_bytes", "cpu_s"):
         out[name] = summary([(r.get("usage") or {}).get(name) for r in ok])
     for key in ("own", "family"):
-        compared = [r[f"params_equal_{key}"] for r in ok if r.get(f"params_equal_{key}") is not None]
+        compared = [r[f"params_equal_{key}"] for r in ok
+                    if r.get(f"params_equal_{key}") is not None]
         out[f"bit_equal_{key}"] = {"equal": sum(compared), "compared": len(compared)}
     out["errors"] = sorted({r["error"] for r in records if r.get("error")})
     return out

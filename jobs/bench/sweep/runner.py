@@ -1,6 +1,6 @@
 """Runs one mechanism on one workload in a process of its own, and charges it.
 
-    python -m harness.runner REQUEST.json RESULT.json
+    python -m sweep.runner REQUEST.json RESULT.json
 
 The sweep starts one runner per run: a crash or a leaked process cannot affect the next run,
 every run gets a fresh private Ray, and `resources.Meter` charges the run every process it
@@ -17,13 +17,12 @@ import time
 import traceback
 from typing import Any
 
-from .resources import Meter, become_subreaper
-from .spec import PeerRun, Workload
+from harness.resources import Meter, become_subreaper
+from harness.spec import PeerRun, Workload
+from peers import make_peer
 
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
-    from peers import make_peer
-
     workload = Workload.from_json(request["workload"])
     peer = make_peer(request["mechanism"], timeout_s=request["timeout_s"])
     become_subreaper()

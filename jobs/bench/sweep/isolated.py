@@ -1,4 +1,4 @@
-"""Starting a runner (`harness.runner`) for one run and reading back what it found."""
+"""Starting a runner (`sweep.runner`) for one run and reading back what it found."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 import sys
 from typing import Any
 
-from .launcher import with_bench_paths
-from .spec import Workload
+from harness.launcher import with_bench_paths
+from harness.spec import Workload
 
 #: Time a runner gets beyond the run's own deadline (imports, teardown, reaping).
 RUNNER_SLACK_S = 120.0
@@ -27,7 +27,7 @@ def run_isolated(mechanism: str, workload: Workload, *, timeout_s: float) -> dic
     env = {**os.environ, "PYTHONPATH": with_bench_paths(os.environ.get("PYTHONPATH", ""))}
     with open(os.path.join(workload.run_dir, "runner.log"), "w", encoding="utf-8") as log:
         try:
-            code = subprocess.run([sys.executable, "-m", "harness.runner", request, result],
+            code = subprocess.run([sys.executable, "-m", "sweep.runner", request, result],
                                   env=env, stdout=log, stderr=subprocess.STDOUT,
                                   timeout=timeout_s + RUNNER_SLACK_S).returncode
         except subprocess.TimeoutExpired:
