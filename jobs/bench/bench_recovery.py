@@ -48,11 +48,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default=None, help=f"comma-separated from {', '.join(SIZES)}")
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help=f"comma-separated from {', '.join(SCENARIOS)}")
-    p.add_argument("--hang-sizes", default="tiny",
-                   help="sizes that also run the hang scenario (detection timeouts dominate it)")
+    p.add_argument("--side-sizes", default="tiny",
+                   help="sizes that also run the hang and node-loss scenarios")
     p.add_argument("--mechanisms", default=",".join(MECHANISMS),
                    help=f"comma-separated from {', '.join(MECHANISMS)}")
-    p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; --quick: 1)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="repetitions of the AWS scenario (default 3; --quick: 1)")
+    p.add_argument("--side-reps", type=int, default=1,
+                   help="repetitions of the hang and node-loss scenarios")
     p.add_argument("--out", default=None, help="result folder (default results/bench/<time>)")
     p.add_argument("--work", default=None, help="scratch folder for run folders "
                                                 "(default /tmp/rrbench-<time>)")
@@ -62,11 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sizes = _names(args.sizes or ("tiny" if args.quick else ",".join(SIZES)), SIZES,
                         "--sizes", p)
     args.scenarios = _names(args.scenarios, SCENARIOS, "--scenarios", p)
-    args.hang_sizes = _names(args.hang_sizes, SIZES, "--hang-sizes", p)
+    args.side_sizes = _names(args.side_sizes, SIZES, "--side-sizes", p)
     args.mechanisms = _names(args.mechanisms, MECHANISMS, "--mechanisms", p)
     args.reps = args.reps or (1 if args.quick else 3)
-    if args.reps < 1:
-        p.error(f"--reps={args.reps} must be >= 1")
+    if args.reps < 1 or args.side_reps < 1:
+        p.error(f"--reps={args.reps} and --side-reps={args.side_reps} must be >= 1")
     args.out = os.path.abspath(args.out or os.path.join("results", "bench", stamp))
     args.work = os.path.abspath(args.work or f"/tmp/rrbench-{stamp}")
     return args
@@ -77,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     command = "python jobs/bench/bench_recovery.py " + shlex.join(sys.argv[1:] if argv is None
                                                                    else argv)
     for name in args.sizes:
-        scenarios = tuple(s for s in args.scenarios if s != "hang" or name in args.hang_sizes)
+        scenarios = tuple(s for s in args.scenarios if s == "aws" or name in args.side_sizes)
         cfg = SweepConfig(mechanisms=args.mechanisms, scenarios=scenarios, reps=args.reps,
-                          quick=args.quick, work_dir=args.work, run_timeout_s=args.run_timeout_s)
+                          side_reps=args.side_reps, quick=args.quick, work_dir=args.work,
+                          run_timeout_s=args.run_timeout_s)
         info = machine.describe(command)
         started = time.time()
         sweep = SizeSweep(cfg, name, log=lambda line: print(line, flush=True))

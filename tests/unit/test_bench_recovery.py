@@ -186,9 +186,11 @@ def test_cli_defaults_and_validation(tmp_path) -> None:
                                        "--out", str(tmp_path)])
     assert (quick.sizes, quick.reps, quick.mechanisms) == (("tiny",), 1, ("ours", "torchrun"))
     full = bench_recovery.parse_args([])
-    assert full.sizes == ("tiny", "200mb", "1gb") and full.reps == 3
+    assert full.sizes == ("tiny", "200mb", "1gb") and (full.reps, full.side_reps) == (3, 1)
+    assert full.side_sizes == ("tiny",)
     assert set(full.scenarios) == {"aws", "hang", "node_loss"}
-    for bad in (["--mechanisms", "slurm"], ["--sizes", "huge"], ["--reps", "-1"]):
+    for bad in (["--mechanisms", "slurm"], ["--sizes", "huge"], ["--reps", "-1"],
+                ["--side-reps", "0"]):
         with pytest.raises(SystemExit):
             bench_recovery.parse_args(bad)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,8 +41,9 @@ DESCRIPTION = ("ray.cluster_utils.Cluster: head + one raylet per rank with a 'tr
 def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
     """`ray.init` on a fresh cluster of a head and `nodes` worker nodes; torn down on exit."""
     os.environ["PYTHONPATH"] = with_bench_paths(os.environ.get("PYTHONPATH", ""))
+    temp_dir = tempfile.mkdtemp(prefix="rrb_cl_", dir="/tmp")  # short: AF_UNIX path limit
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": head_cpus, "include_dashboard": False,
+        "num_cpus": head_cpus, "include_dashboard": False, "temp_dir": temp_dir,
         "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
     for _ in range(nodes):
         cluster.add_node(num_cpus=1, resources={TRAINER: 1})
@@ -50,6 +53,7 @@ def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 class NodeKiller:

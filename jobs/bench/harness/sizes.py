@@ -56,17 +56,17 @@ def _with_dropout(cfg: LlamaConfig) -> LlamaConfig:
 
 SIZES: dict[str, Size] = {
     "tiny": Size(name="tiny", model=_with_dropout(PRESETS["tiny"]), batch_size=4, seq_len=64,
-                 max_steps=300, quick_steps=60, detect_timeout_s=10.0,
+                 max_steps=200, quick_steps=60, detect_timeout_s=20.0,
                  checkpoint_steps=60, checkpoint_intervals=(1, 10)),
     # ~190 MB of fp32 parameters + AdamW state per rank.
     "200mb": Size(name="200mb", model=_with_dropout(PRESETS["small"]), batch_size=1, seq_len=32,
-                  max_steps=60, quick_steps=20, detect_timeout_s=30.0,
+                  max_steps=40, quick_steps=20, detect_timeout_s=30.0,
                   checkpoint_steps=20, checkpoint_intervals=(2, 10)),
     # ~1.0 GB per rank: with every mechanism's copies (staging, memory tier, two local-tier
     # copies) two ranks stay well inside this machine's 24 GiB.
     "1gb": Size(name="1gb", model=_with_dropout(LlamaConfig(
         dim=1024, n_layers=9, n_heads=16, n_kv_heads=4, vocab_size=32000, ffn_dim=2816,
-        max_seq_len=64)), batch_size=1, seq_len=16, max_steps=24, quick_steps=10,
+        max_seq_len=64)), batch_size=1, seq_len=16, max_steps=16, quick_steps=10,
         detect_timeout_s=60.0, checkpoint_steps=10, checkpoint_intervals=(5,)),
 }
 

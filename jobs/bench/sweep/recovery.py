@@ -39,6 +39,9 @@ class SweepConfig:
     mechanisms: tuple[str, ...]
     scenarios: tuple[str, ...]
     reps: int
+    """Repetitions of the AWS scenario (the headline)."""
+    side_reps: int
+    """Repetitions of the other scenarios (detection timeouts and node starts dominate them)."""
     quick: bool
     work_dir: str
     """Scratch folder for run folders (events, logs); not committed."""
@@ -82,7 +85,8 @@ class SizeSweep:
         return {
             "size": {**dataclasses.asdict(self.size),
                      "state_bytes_per_rank": self.size.state_bytes_per_rank},
-            "max_steps": self.steps, "reps": self.cfg.reps, "quick": self.cfg.quick,
+            "max_steps": self.steps, "reps": self.cfg.reps, "side_reps": self.cfg.side_reps,
+            "quick": self.cfg.quick,
             "world_size": self.cfg.world_size,
             "yardstick": {"mechanism": stick[0], "step_s": stick[1]} if stick else None,
             "mechanisms": {m: self._describe(m, unavailable.get(m)) for m in self.cfg.mechanisms},
@@ -159,7 +163,8 @@ class SizeSweep:
                 skipped[name] = f"cannot recover from {', '.join(missing)}" \
                     + (f": {why}" if why else "")
         active = [n for n in names if n not in skipped]
-        for rep in range(self.cfg.reps):
+        reps = self.cfg.reps if scenario == "aws" else self.cfg.side_reps
+        for rep in range(reps):
             for name in _rotated(active, rep + 1):
                 nodes = self.cfg.world_size + self.peers[name].num_spares \
                     if scenario == "node_loss" else 0
