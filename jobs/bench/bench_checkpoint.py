@@ -67,7 +67,8 @@ def run_size(size_name: str, args: argparse.Namespace, storage: str, shm: str) -
     bench = Bench(size_name, 2, storage, shm)
     per_config: dict[tuple[str, int], list[dict]] = {}
     try:
-        print(f"[{size_name}] {bench.state_bytes / 1e6:.0f} MB of state on 2 ranks", flush=True)
+        print(f"[{size_name}] {bench.state_bytes / 1e6:.3g} MB of state on 2 ranks", flush=True)
+        bench.run("none", 1, steps)  # untimed: first-run effects stay out of every baseline
         for rep in range(args.reps):
             order = [("none", 0), *configs]
             order = order[rep % len(order):] + order[:rep % len(order)]
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ray_dir = tempfile.mkdtemp(prefix="rrb_ray_", dir="/tmp")
     os.environ.pop("RAY_ADDRESS", None)  # a private Ray, never someone else's cluster
     ray.init(address="local", num_cpus=3, include_dashboard=False, _temp_dir=ray_dir,
-             runtime_env={"env_vars": {"PYTHONPATH": with_bench_paths("")}})
+             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": with_bench_paths("")}})
     started, rows = time.time(), []
     try:
         for size_name in args.sizes:

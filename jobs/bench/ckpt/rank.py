@@ -36,7 +36,8 @@ class BenchRank:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.ckpt: Any = None
         self.step = 0
-        self._train_step()  # materializes the optimizer state
+        self._train_step()
+        self._optimizer_step()  # materializes the optimizer state
 
     def state_bytes(self) -> int:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)

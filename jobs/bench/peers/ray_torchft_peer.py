@@ -69,6 +69,9 @@ class RayTorchftPeer:
         t_start = time.time()
         with ray_for(workload, num_cpus=workload.world_size + 1) as call:
             error = call(lambda: fit_with_deadline(self._trainer(workload), self.timeout_s))
+        # The job's steps are done when rank 0's are (`collect`); fit() also waits for a replica
+        # restarted after that, which trains alone from step 0 (no live peer to heal from).
+        run.notes.append(f"fit() returned {time.time() - t_start:.1f} s after the start")
         if error is not None:
             run.status, run.error = "failed", f"{type(error).__name__}: {error}"
         return collect(run, workload, t_start)

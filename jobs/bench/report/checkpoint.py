@@ -66,8 +66,8 @@ def section(doc: dict[str, Any]) -> str:
     for row in doc["rows"]:
         groups.setdefault((row["size"], row["interval"]), []).append(row)
     for (size, interval), rows in groups.items():
-        out += [f"### {size} ({rows[0]['state_mb']:.3g} MB on 2 ranks), save every {interval} "
-                f"step(s), {rows[0]['steps']} steps", "", _table(rows), ""]
+        out += [f"### {size} ({rows[0]['state_mb']:.3g} MB of state on 2 ranks), save every "
+                f"{interval} step(s), {rows[0]['steps']} steps", "", _table(rows), ""]
         lines = _pair_lines(rows)
         if lines:
             out += ["Like for like:", "", *lines, ""]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+from peers import MECHANISMS
 
 from .fmt import gib, num, pct, sec, table
 
@@ -18,6 +21,12 @@ METRICS = (
     ("CPU time", "cpu_s", sec, False),
 )
 PARTS = ("start-up", "steady steps", "recoveries", "redone steps", "other")
+
+
+def ordered(names: Iterable[str]) -> list[str]:
+    """Mechanism names in the benchmark's order (result files sort their keys)."""
+    order = list(MECHANISMS)
+    return sorted(names, key=lambda m: (order.index(m) if m in order else len(order), m))
 
 
 def _median(s: dict[str, Any] | None, key: str) -> float | None:
@@ -42,7 +51,7 @@ def breakdown(doc: dict[str, Any], scenario: str, mech: str) -> dict[str, float]
 
 def time_breakdown(doc: dict[str, Any], scenario: str) -> str:
     rows = []
-    for mech in doc["mechanisms"]:
+    for mech in ordered(doc["mechanisms"]):
         parts = breakdown(doc, scenario, mech)
         if parts is not None:
             rows.append([mech, *(sec(parts[p]) for p in PARTS), sec(parts["wall"])])

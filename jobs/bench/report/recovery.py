@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .fmt import NONE, gib, ms, num, pct, sec, spread, table
-from .prose import time_breakdown, where_ours_loses
+from .prose import ordered, time_breakdown, where_ours_loses
 
 SCENARIO_TITLES = {
     "aws": "AWS/NVRx schedule (exception and SIGKILL)",
@@ -39,8 +39,8 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
                *[f"{k} recovery p50" for k in kinds], "steps redone", "= own fault-free",
                "= FSDP/replica reference", "peak RSS", "CPU", "faults fired"]
     rows = []
-    for mech, info in doc["mechanisms"].items():
-        s = scenario["summary"].get(mech)
+    for mech in ordered(doc["mechanisms"]):
+        info, s = doc["mechanisms"][mech], scenario["summary"].get(mech)
         if info.get("unavailable"):
             rows.append([mech, f"not run: {info['unavailable']}", *[""] * (len(headers) - 2)])
             continue
@@ -68,9 +68,10 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
 def reference_table(doc: dict[str, Any]) -> str:
     headers = ["mechanism", "steady step", "vs torchrun", "fault-free training goodput",
                "fault-free time", "durable every", "local every", "durable save cost",
-               "local save cost", "= FSDP/replica reference", "peak RSS", "CPU"]
+               "local save cost", "= FSDP/replica reference", "peak RSS", "CPU", "configuration"]
     rows = []
-    for mech, ref in doc["references"].items():
+    for mech in ordered(doc["references"]):
+        ref = doc["references"][mech]
         cal = doc["calibration"].get(mech, {})
         iv = doc["intervals"][mech]
         score = ref.get("score") or {}
@@ -81,8 +82,14 @@ def reference_table(doc: dict[str, Any]) -> str:
             str(iv["durable"] or NONE), str(iv["local"] or NONE), ms(cal.get("durable_cost_s")),
             ms(cal.get("local_cost_s")), NONE if equal is None else ("yes" if equal else "NO"),
             gib((ref.get("usage") or {}).get("peak_rss_bytes")),
-            sec((ref.get("usage") or {}).get("cpu_s"))])
+            sec((ref.get("usage") or {}).get("cpu_s")), _config(doc["mechanisms"][mech])])
     return table(headers, rows)
+
+
+def _config(info: dict[str, Any]) -> str:
+    spares = info["num_spares"]
+    return info["config"] + (f" ({spares} idle slot{'s' if spares > 1 else ''} charged)"
+                             if spares else "")
 
 
 def section(doc: dict[str, Any]) -> str:
@@ -103,12 +110,10 @@ def section(doc: dict[str, Any]) -> str:
         for block in (time_breakdown(doc, name), "\n".join(where_ours_loses(doc, name))):
             if block:
                 out += [block, ""]
-    out += ["### Fault-free runs, intervals and per-step overhead", "",
+    out += ["### Fault-free runs, intervals, per-step overhead and configurations", "",
             "Each mechanism's intervals come from its own calibration run: Young's interval for "
-            "what one save of that tier cost the run, with the plan's mean time between faults.",
+            "what one save of that tier cost the run, with the AWS plan's mean time between "
+            "faults. Every fault-free run is compared bit for bit with its family's reference "
+            "(torchrun for the FSDP mechanisms, torchft for the replicated ones).",
             "", reference_table(doc), ""]
-    out += ["### Configurations", ""]
-    out += [f"- **{m}**: {info['config']}" + (f" (spares: {info['num_spares']})"
-                                                 if info["num_spares"] else "")
-            for m, info in doc["mechanisms"].items()]
-    return "\n".join(out)
+    return "\n".join(out).rstrip()
