@@ -50,6 +50,13 @@ def _setup(docs: list[dict], ckpt: dict | None) -> str:
         "fires at the start of its step, before the forward pass, from the same loop code for "
         "every mechanism; steps redone = steps completed before the fault minus the step "
         "resumed from.", "",
+        "Detection: every mechanism gets the same tuned timeouts, none runs at its defaults. "
+        "A hang is noticed after the size's detection timeout: ours' step timeout, "
+        "ft_launcher's rank heartbeat timeout, torchft's manager timeout, and the gloo timeout "
+        "of torchrun and Ray Train (a peer's collective failing is their only hang signal). "
+        "Failed processes are polled every 0.1 s (torchrun and ft_launcher's monitor interval, "
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S); ours' supervisor learns of a dead actor from Ray "
+        "and checks progress every 0.05 s.", "",
         "Yardstick: training goodput = useful steps x the fastest fault-free steady step of any "
         "mechanism at that size / wall time, so per-step overhead, start-up, checkpoints, "
         "detection, recovery and redone steps all count against a mechanism. A step trained by "

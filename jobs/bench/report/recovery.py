@@ -94,16 +94,19 @@ def _config(info: dict[str, Any]) -> str:
 
 def section(doc: dict[str, Any]) -> str:
     size = doc["size"]
-    out = [f"## Recovery: {size['name']} ({size['state_bytes_per_rank'] / 1e6:.0f} MB of state "
+    out = [f"## Recovery: {size['name']} ({size['state_bytes_per_rank'] / 1e6:.3g} MB of state "
            f"per rank, {doc['max_steps']} steps)", ""]
     if doc["quick"]:
         out += ["**Quick run** (`--quick`: short runs, 1 repetition, a shared and noisy machine): "
                 "it shows the harness works, not where the mechanisms stand.", ""]
     stick = doc.get("yardstick")
     out += [f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s; "
-            f"{doc['reps']} repetition(s), medians with min–max). Yardstick: "
+            f"AWS schedule {doc['reps']} repetition(s), other scenarios "
+            f"{doc.get('side_reps', doc['reps'])}; medians with min–max). Yardstick: "
             + (f"{stick['mechanism']}'s fault-free steady step, {ms(stick['step_s'])}."
-               if stick else "none (no fault-free run finished)."), ""]
+               if stick else "none (no fault-free run finished).")
+            + f" Hang detection timeout, the same for every mechanism: "
+              f"{size['detect_timeout_s']:g} s.", ""]
     for name, scenario in doc["scenarios"].items():
         out += [f"### {SCENARIO_TITLES.get(name, name)}", "",
                 f"Plan: {_plan(scenario['plan'])}.", "", scenario_table(doc, name), ""]
