@@ -67,7 +67,7 @@ def run_size(size_name: str, args: argparse.Namespace, storage: str, shm: str) -
     bench = Bench(size_name, 2, storage, shm)
     per_config: dict[tuple[str, int], list[dict]] = {}
     try:
-        print(f"[{size_name}] {bench.state_bytes / 1e6:.3g} MB of state on 2 ranks", flush=True)
+        print(f"[{size_name}] {bench.state_bytes / 1e6:.0f} MB of state on 2 ranks", flush=True)
         bench.run("none", 1, steps)  # untimed: first-run effects stay out of every baseline
         for rep in range(args.reps):
             order = [("none", 0), *configs]

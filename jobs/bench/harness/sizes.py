@@ -66,7 +66,7 @@ SIZES: dict[str, Size] = {
     # copies) two ranks stay well inside this machine's 24 GiB.
     "1gb": Size(name="1gb", model=_with_dropout(LlamaConfig(
         dim=1024, n_layers=9, n_heads=16, n_kv_heads=4, vocab_size=32000, ffn_dim=2816,
-        max_seq_len=64)), batch_size=1, seq_len=16, max_steps=16, quick_steps=10,
+        max_seq_len=64)), batch_size=1, seq_len=16, max_steps=12, quick_steps=10,
         detect_timeout_s=60.0, checkpoint_steps=10, checkpoint_intervals=(5,)),
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fmt import NONE, ms, num, pct, spread, table
+from .fmt import NONE, mb, ms, num, pct, spread, table
 
 PAIRS = (("ours_block", "dcp_async", "both persist every save"),
          ("ours_coalesce", "dcp_async_skip", "both drop saves while one is in flight"),
@@ -29,7 +29,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     body = [[r["method"] + ("" if r["durable"] else " (node-local)"), ms(r["blocking_median_s"]),
              ms(r["blocking_p99_s"]), spread(r["aws_efficiency"]),
              spread(r["throughput_efficiency"]), spread(r["persisted_fraction"], _whole),
-             _stale(r), spread(r["held_mb"], lambda x: f"{x:.0f} MB")] for r in rows]
+             _stale(r), spread(r["held_mb"], mb)] for r in rows]
     return table(headers, body)
 
 
@@ -66,7 +66,7 @@ def section(doc: dict[str, Any]) -> str:
     for row in doc["rows"]:
         groups.setdefault((row["size"], row["interval"]), []).append(row)
     for (size, interval), rows in groups.items():
-        out += [f"### {size} ({rows[0]['state_mb']:.3g} MB of state on 2 ranks), save every "
+        out += [f"### {size} ({mb(rows[0]['state_mb'])} of state on 2 ranks), save every "
                 f"{interval} step(s), {rows[0]['steps']} steps", "", _table(rows), ""]
         lines = _pair_lines(rows)
         if lines:

@@ -24,6 +24,13 @@ def ms(x: float | None) -> str:
     return f"{1000 * x:.1f} ms" if x < 1 else f"{1000 * x:.0f} ms"
 
 
+def mb(x: float | None) -> str:
+    """Megabytes: whole above 10, three significant digits below."""
+    if x is None:
+        return NONE
+    return f"{x:.0f} MB" if x >= 10 else f"{x:.3g} MB"
+
+
 def num(x: float | None, digits: int = 0) -> str:
     return NONE if x is None else f"{x:.{digits}f}"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fmt import NONE, gib, ms, num, pct, sec, spread, table
+from .fmt import NONE, gib, mb, ms, num, pct, sec, spread, table
 from .prose import ordered, time_breakdown, where_ours_loses
 
 SCENARIO_TITLES = {
@@ -94,7 +94,7 @@ def _config(info: dict[str, Any]) -> str:
 
 def section(doc: dict[str, Any]) -> str:
     size = doc["size"]
-    out = [f"## Recovery: {size['name']} ({size['state_bytes_per_rank'] / 1e6:.3g} MB of state "
+    out = [f"## Recovery: {size['name']} ({mb(size['state_bytes_per_rank'] / 1e6)} of state "
            f"per rank, {doc['max_steps']} steps)", ""]
     if doc["quick"]:
         out += ["**Quick run** (`--quick`: short runs, 1 repetition, a shared and noisy machine): "

@@ -100,7 +100,7 @@ class SizeSweep:
     # --- phases ------------------------------------------------------------------------------
 
     def _calibrate(self, base: Workload, names: list[str]) -> dict[str, Any]:
-        steps = max(12, self.steps // 3)
+        steps = max(8, self.steps // 3)
         every = max(2, steps // 4)
         out = {}
         for name in names:
