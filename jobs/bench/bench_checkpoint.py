@@ -99,10 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     shm = tempfile.mkdtemp(prefix="rrbench-ckpt-", dir="/dev/shm")
     ray_dir = tempfile.mkdtemp(prefix="rrb_ray_", dir="/tmp")
     os.environ.pop("RAY_ADDRESS", None)  # a private Ray, never someone else's cluster
-    ray.init(address="local", num_cpus=3, include_dashboard=False, _temp_dir=ray_dir,
-             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": with_bench_paths("")}})
     started, rows = time.time(), []
     try:
+        ray.init(address="local", num_cpus=3, include_dashboard=False, _temp_dir=ray_dir,
+                 log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": with_bench_paths("")}})
         for size_name in args.sizes:
             rows += run_size(size_name, args, storage, shm)
     finally:
