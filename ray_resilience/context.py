@@ -64,8 +64,10 @@ class _Session:
         self.pending: list[dict[str, Any]] = []
         self.step: int | None = None
         self.step_time: float | None = None
-        self.checkpoint_blocking_s: list[tuple[int, float]] = []
-        self.open_save: tuple[int, float] | None = None
+        self.checkpoint_blocking_s: list[tuple[int, float, str | None, float]] = []
+        """(step, blocking seconds, tier, when the save returned): stamped with its own time so
+        the timeline charges it to the step interval it happened in."""
+        self.open_save: tuple[int, float, float] | None = None
         """The newest save, recorded once the optimizer step after it ran (its wait blocks too)."""
         self.events: list[dict[str, Any]] = []
 
@@ -73,10 +75,10 @@ class _Session:
         """Records the open save with the optimizer-step wait that followed it."""
         if self.open_save is None:
             return
-        step, blocked = self.open_save
+        step, blocked, t_saved = self.open_save
         waited = self.checkpointer.take_guard_wait_s() if self.checkpointer is not None else 0.0
         with self.lock:
-            self.checkpoint_blocking_s.append((step, blocked + waited))
+            self.checkpoint_blocking_s.append((step, blocked + waited, None, t_saved))
             self.open_save = None
 
     def drain(self, *, final: bool = False
@@ -128,14 +130,15 @@ def report(metrics: dict[str, Any], *, step: int,
         blocked = session.checkpointer.maybe_save(
             int(step), model=checkpoint.model, optimizer=checkpoint.optimizer,
             extra=checkpoint.extra)
+        t_saved = time.time()
         if blocked is not None:
-            session.open_save = (int(step), blocked)
+            session.open_save = (int(step), blocked, t_saved)
             if session.faults is not None:
                 session.faults("checkpoint_save", int(step))
         local = session.checkpointer.take_local_blocking()
         if local:
             with session.lock:
-                session.checkpoint_blocking_s.extend((s, b, "local") for s, b in local)
+                session.checkpoint_blocking_s.extend((s, b, "local", t_saved) for s, b in local)
     with session.lock:
         session.pending.append(record)
         session.step, session.step_time = int(step), now

@@ -25,6 +25,8 @@ class LlamaConfig:
     max_seq_len: int
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
+    dropout: float = 0.0
+    """Residual dropout after attention and feed-forward (0: none, and no RNG is consumed)."""
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
@@ -33,6 +35,8 @@ class LlamaConfig:
             raise ValueError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}."
             )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1).")
 
 
 PRESETS: dict[str, LlamaConfig] = {
@@ -121,10 +125,15 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
+        self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.feed_forward(self.ffn_norm(x))
+        x = x + self._drop(self.attention(self.attention_norm(x), cos, sin))
+        return x + self._drop(self.feed_forward(self.ffn_norm(x)))
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        # Skipped entirely at p=0, so configs without dropout draw no random numbers.
+        return F.dropout(x, self.dropout, self.training) if self.dropout else x
 
 
 class Llama(nn.Module):

@@ -1,37 +1,40 @@
-"""The recovery benchmark's own logic, without running any mechanism (those take minutes).
+"""The recovery benchmark's harness logic, without running any mechanism (those take minutes).
 
-A synthetic event log with known times goes through the same conversion the peers use, and the
-goodput numbers that come out are checked by hand; the fault ledger's fire-once rule, the CLI and
-the interval rules are checked directly.
+A synthetic event log with known times goes through the same conversion the peers use; the
+fault point (the start of a step) and the steps-redone convention are checked by hand, as are
+the fault trigger's fire-once rule, the ledger alignment of ours' timeline, the plans and the CLI.
 """
 
 from __future__ import annotations
 
-import io
-import json
+import os
 import sys
-from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jobs" / "bench"))
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "jobs", "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
 
-import bench_recovery
-from peers.events import EventLog, FaultLedger, read_events, write_events
-from peers.report import Row, print_table, speedups, table, write_results
-from peers.spec import Workload
-from peers.timeline import build_timeline, events_to_timeline
-from peers.torchft_peer import QuorumChange
-from peers.workload import fire_due_faults
+import bench_recovery  # noqa: E402 - after the path set-up above
+from harness.events import EventLog, FaultLedger, read_events, write_events  # noqa: E402
+from harness.spec import Workload  # noqa: E402
+from harness.timeline import align_to_ledger, build_timeline, events_to_timeline  # noqa: E402
+from harness.workload import FaultTrigger  # noqa: E402
+from peers import MECHANISMS, make_peer  # noqa: E402
+from peers.torchft_peer import QuorumChange  # noqa: E402
+from sweep.plans import plan_for  # noqa: E402
 
-from ray_resilience.goodput import RunTimeline, compute_goodput
-from ray_resilience.testing import Fault, FaultPlan, InjectedFault
+from ray_resilience.goodput import RunTimeline, compute_goodput  # noqa: E402
+from ray_resilience.testing import Fault, FaultPlan, InjectedFault  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
 
 
 def _rank_events(t0: float) -> list[dict]:
-    """One fault-free attempt (steps 1-10, 0.1 s each, save+commit at 5), a sigkill at 102.0
-    before step 11, detection 0.5 s later, a new attempt that loads step 5 and runs 6-20."""
+    """Steps 1-10 (0.1 s each, save+commit at 5); the fault fires at the start of step 11
+    (t0 + 2.0); a new attempt loads step 5 and runs 6-20."""
     ev: list[dict] = []
     for rank in (0, 1):
         ev += [{"ev": "start", "t": t0, "rank": rank, "pid": 1},
@@ -42,7 +45,8 @@ def _rank_events(t0: float) -> list[dict]:
         ev.append({"ev": "save", "t": t0 + 1.4, "rank": rank, "step": 5, "blocking_s": 0.0})
         ev += [{"ev": "start", "t": t0 + 3.0 + 0.1 * rank, "rank": rank, "pid": 2},
                {"ev": "pg_ready", "t": t0 + 4.0 + 0.2 * rank, "rank": rank},
-               {"ev": "load", "t": t0 + 4.4, "t_start": t0 + 4.2, "rank": rank, "from_step": 5}]
+               {"ev": "load", "t": t0 + 4.4, "t_start": t0 + 4.2, "rank": rank, "from_step": 5,
+                "tier": "storage"}]
         ev += [{"ev": "step", "t": t0 + 4.5 + 0.1 * (s - 6), "rank": rank, "step": s, "loss": 1.0}
                for s in range(6, 21)]
         ev.append({"ev": "done", "t": t0 + 6.0, "rank": rank, "final_step": 20})
@@ -54,29 +58,30 @@ FIRED = [{"id": "f1@step11/rank1/sigkill", "step": 11, "rank": 1, "kind": "sigki
           "t_fault": 102.0}]
 
 
-def test_synthetic_log_gives_hand_computed_goodput() -> None:
+def test_a_fault_at_the_start_of_step_11_redoes_the_steps_after_the_checkpoint() -> None:
     events = _rank_events(100.0) + [
         {"ev": "detect", "t": 102.5, "source": "launcher", "detail": "failed (exitcode: -9)"}]
     timeline, notes = events_to_timeline(events, FIRED, world_size=2, t_start=100.0)
     assert notes == []
-    report = compute_goodput(timeline)
-    assert report.wall_s == pytest.approx(6.0)
-    assert report.final_step == 20
-    assert report.steady_step_time_s == pytest.approx(0.1)
-    assert report.training_goodput == pytest.approx(20 * 0.1 / 6.0)
-    # Full-world intervals: steps 1->10 (0.9 s) and 6->20 (1.4 s); the recovery is excluded.
-    assert report.infra_goodput == pytest.approx((0.9 + 1.4) / 6.0)
-    (fault,) = report.faults
+    (fault,) = compute_goodput(timeline).faults
+    # Steps 1..10 were complete when the fault fired before step 11's forward pass; the run
+    # resumed from step 5: 10 - 5 = 5 steps redone (6..10), not 6.
+    assert fault.step_at_fault == 10 and fault.resumed_from_step == 5 and fault.steps_redone == 5
     assert fault.cause == "process_killed" and fault.kind == "sigkill"
     assert fault.detect_s == pytest.approx(0.5)
     assert fault.teardown_s == pytest.approx(0.5)
     assert fault.rendezvous_s == pytest.approx(1.2)  # first new start to the last pg_ready
-    assert fault.checkpoint_load_s == pytest.approx(0.2)
-    assert fault.checkpoint_tier == "storage"
+    assert fault.checkpoint_load_s == pytest.approx(0.2) and fault.checkpoint_tier == "storage"
     assert fault.recovery_s == pytest.approx(2.5)
-    assert fault.resumed_from_step == 5 and fault.steps_redone == 6
-    assert fault.checkpoint_age_steps == 6
-    assert report.num_checkpoints_saved == 1 and report.num_checkpoints_committed == 1
+
+
+def test_a_rank_that_loads_nothing_resumed_from_the_step_before_its_next() -> None:
+    """torchft: the survivor keeps training; its first step after the fault ends recovery."""
+    events = [e for e in _rank_events(100.0) if not (e["ev"] == "load" and e["t"] > 101.0)]
+    timeline, _ = events_to_timeline(events, FIRED, world_size=2, t_start=100.0)
+    (fault,) = compute_goodput(timeline).faults
+    assert fault.resumed_from_step == 5  # its first step after the fault was 6
+    assert fault.steps_redone == 5
 
 
 def test_missing_detection_signal_is_a_note_not_a_made_up_split() -> None:
@@ -105,92 +110,89 @@ def test_event_files_and_ledger_round_trip(tmp_path) -> None:
     assert [s.step for s in timeline.steps] == [1] and list(timeline.faults) == [fault.id]
 
 
+def _workload(tmp_path, plan: FaultPlan) -> Workload:
+    return Workload(max_steps=10, checkpoint_interval=2, data_dir=str(tmp_path),
+                    run_dir=str(tmp_path), fault_plan=plan)
+
+
 def test_a_fault_fires_once_even_when_its_step_is_trained_again(tmp_path) -> None:
-    plan = FaultPlan.explicit([Fault(step=4, rank=1, kind="exception")])
-    workload = Workload(max_steps=10, checkpoint_interval=2, data_dir=str(tmp_path),
-                        run_dir=str(tmp_path), fault_plan=plan)
-    ledger = FaultLedger(str(tmp_path))
-    fire_due_faults(workload, ledger, rank=0, step=4)  # not this rank's fault
+    workload = _workload(tmp_path, FaultPlan.explicit([Fault(step=4, rank=1, kind="exception")]))
+    FaultTrigger(workload, FaultLedger(str(tmp_path)), rank=0)(4)  # not this rank's fault
+    trigger = FaultTrigger(workload, FaultLedger(str(tmp_path)), rank=1)
+    trigger(3)
     with pytest.raises(InjectedFault):
-        fire_due_faults(workload, ledger, rank=1, step=4)
-    fire_due_faults(workload, ledger, rank=1, step=4)  # after the rollback: no second firing
-    assert len(ledger.records()) == 1
+        trigger(4)
+    # A restarted rank reads the ledger: the rolled-back step 4 fires nothing.
+    FaultTrigger(workload, FaultLedger(str(tmp_path)), rank=1)(4)
+    assert len(FaultLedger(str(tmp_path)).records()) == 1
 
 
-def test_workload_json_round_trip_keeps_the_plan(tmp_path) -> None:
-    plan = FaultPlan.generate(seed=42, fault_count=3, after_step=10, max_steps=60, world_size=2,
-                              kinds=["exception", "sigkill"])
-    workload = Workload(max_steps=60, data_dir="/d", run_dir=str(tmp_path), fault_plan=plan)
+def test_a_replica_that_healed_past_its_fault_step_fires_it_at_its_next_step(tmp_path) -> None:
+    workload = _workload(tmp_path, FaultPlan.explicit([Fault(step=4, rank=1, kind="exception")]))
+    trigger = FaultTrigger(workload, FaultLedger(str(tmp_path)), rank=1)
+    with pytest.raises(InjectedFault):
+        trigger(7)  # torchft: it jumped from step 2 to 7 by healing from a peer
+    assert FaultLedger(str(tmp_path)).records()[0]["step"] == 4
+
+
+def test_workload_json_round_trip_and_validation(tmp_path) -> None:
+    plan = plan_for("aws", 60, 2)
+    workload = Workload(max_steps=60, data_dir="/d", run_dir=str(tmp_path), fault_plan=plan,
+                        local_interval=3, nodes=2)
     assert Workload.read(workload.write()) == workload
+    assert workload.is_save_step(15) and not workload.is_save_step(60)  # never after the last
     with pytest.raises(ValueError, match="never reached"):
         workload.with_(max_steps=20)
+    with pytest.raises(ValueError, match="size="):
+        workload.with_(size="huge")
+    with pytest.raises(ValueError, match="local_interval"):
+        workload.with_(local_interval=-1)
+
+
+def test_ours_timeline_takes_the_ledger_faults_time_kind_and_step() -> None:
+    timeline = RunTimeline()
+    timeline.run_started(100.0, 2)
+    for step in range(1, 8):
+        timeline.step_completed(step, 100.0 + step, 2)
+    # The supervisor saw the fault only when it detected it (no plan given to it).
+    timeline.fault_detected("fault1-a0", t_fault=104.6, t_detect=104.6, step_at_fault=4,
+                            rank=1, cause="actor_died", kind=None)
+    timeline.recovery_done("fault1-a0", 106.0, resumed_from_step=4)
+    timeline.fault_detected("fault2-a1", t_fault=106.5, t_detect=106.5, step_at_fault=6,
+                            rank=0, cause="exception", kind=None)
+    fired = [{"id": "f1@step5/rank1/sigkill", "step": 5, "rank": 1, "kind": "sigkill",
+              "t_fault": 104.5}]
+    aligned, notes = align_to_ledger(timeline, fired)
+    first = aligned.faults["f1@step5/rank1/sigkill"]
+    assert (first.t_fault, first.t_detect, first.step_at_fault) == (104.5, 104.6, 4)
+    assert (first.kind, first.cause, first.resumed_from_step) == ("sigkill", "process_killed", 4)
+    assert notes == ["unplanned fault detected (exception, fault2-a1)"]
+
+
+def test_plans_reproduce_the_aws_schedule_and_scale() -> None:
+    aws = plan_for("aws", 2000, 2)
+    assert [(f.step, f.kind.value) for f in aws] == [
+        (62, "exception"), (239, "sigkill"), (574, "sigkill"), (1320, "exception"),
+        (1529, "exception")]
+    assert all(f.rank == 1 for f in aws)
+    assert len(plan_for("hang", 60, 2)) == 2
+    assert {f.kind.value for f in plan_for("node_loss", 60, 2)} == {"node_loss"}
+    with pytest.raises(ValueError, match="scenario"):
+        plan_for("meteor", 60, 2)
 
 
 def test_cli_defaults_and_validation(tmp_path) -> None:
-    quick = bench_recovery.parse_args(["--quick", "--mechanisms", "ray-train,torchrun",
+    quick = bench_recovery.parse_args(["--quick", "--mechanisms", "ours,torchrun",
                                        "--out", str(tmp_path)])
-    assert (quick.max_steps, quick.fault_count) == (60, 3)
-    assert quick.mechanisms == ["ray-train", "torchrun"]
-    assert quick.checkpoint_interval == ["best", "quarter"]
+    assert (quick.sizes, quick.reps, quick.mechanisms) == (("tiny",), 1, ("ours", "torchrun"))
     full = bench_recovery.parse_args([])
-    assert (full.max_steps, full.fault_count, full.fault_seed, full.fault_after_step) == (
-        200, 5, 42, 10)
-    assert "ours-inprocess" in full.mechanisms and "nvrx-ft-launcher" in full.mechanisms
-    assert full.reference_steps == 200  # the reference is as long as the faulty runs
-    long = bench_recovery.parse_args(["--max_steps", "2000", "--reference_steps", "300"])
-    assert (long.max_steps, long.reference_steps) == (2000, 300)
-    for bad in (["--mechanisms", "slurm"], ["--checkpoint_interval", "often"],
-                ["--max_steps", "100", "--reference_steps", "101"]):
+    assert full.sizes == ("tiny", "200mb", "1gb") and (full.reps, full.side_reps) == (3, 1)
+    assert full.side_sizes == ("tiny",)
+    assert set(full.scenarios) == {"aws", "hang", "node_loss"}
+    for bad in (["--mechanisms", "slurm"], ["--sizes", "huge"], ["--reps", "-1"],
+                ["--side-reps", "0"]):
         with pytest.raises(SystemExit):
             bench_recovery.parse_args(bad)
-
-
-def test_interval_rules() -> None:
-    # Young: sqrt(2 x (0.2 s / 0.05 s) x (200 / 5)) = sqrt(320) = 17.9 -> 18 steps.
-    assert bench_recovery.young_interval(0.2, 0.05, 200, 5) == 18
-    # No fault that rolls back to a checkpoint (all recovered from the local tier), or a very
-    # expensive save: at most a quarter of the run, so storage always holds a recent step.
-    assert bench_recovery.young_interval(0.2, 0.05, 200, 0) == 50
-    assert bench_recovery.young_interval(20.0, 0.05, 200, 5) == 50
-    # sqrt(2 x 6.25 x 200 / 1) = 50 = a quarter of 200: the two rules share one run.
-    merged = bench_recovery.resolve_intervals(["best", "quarter", "7"], save_cost_s=0.3125,
-                                              step_time_s=0.05, max_steps=200, fault_count=1)
-    assert merged == {"best=quarter": 50, "given": 7}
-
-
-def test_table_results_json_and_speedups_against_ray_train(tmp_path) -> None:
-    events = _rank_events(100.0)
-    report = compute_goodput(events_to_timeline(events, FIRED, world_size=2, t_start=100.0)[0])
-    rows = [Row(mechanism="ray-train", label="best", checkpoint_interval=5, status="ok",
-                report=report),
-            Row(mechanism="torchrun", label="best", checkpoint_interval=5, status="ok",
-                report=report, params_equal=True),
-            Row(mechanism="ours-all", label="-", checkpoint_interval=None,
-                status="unavailable", error="not available yet")]
-    ratios = speedups(rows)
-    assert ratios[("torchrun", "best")] == pytest.approx(1.0)
-    assert ratios[("ours-all", "-")] is None
-    assert table(rows, "t").row_count == 3
-    out = io.StringIO()
-    print_table(rows, "t", Console(file=out, width=200),
-                {"torchrun": {"steady_step_time_s": 0.05, "save_cost_s": 0.1, "wall_s": 12.0}})
-    assert "steady step 50 ms" in out.getvalue()
-    assert "ours-all: unavailable: not available yet" in out.getvalue()
-    with open(write_results(str(tmp_path), {"max_steps": 20}, rows, {}), encoding="utf-8") as f:
-        data = json.load(f)
-    assert [r["status"] for r in data["rows"]] == ["ok", "ok", "unavailable"]
-    assert data["rows"][1]["recovery_p50_speedup_vs_ray_train"] == pytest.approx(1.0)
-    assert data["rows"][1]["goodput"]["timeline"]["final_step"] == 20
-    # --rescore: the recorded timelines are scored again (also with the in-run steady time).
-    assert bench_recovery.main(["--rescore", str(tmp_path / "results.json")]) == 0
-    with open(tmp_path / "results.json", encoding="utf-8") as f:
-        again = json.load(f)
-    assert [r["status"] for r in again["rows"]] == ["ok", "ok", "unavailable"]
-    assert again["rows"][1]["goodput"]["training_goodput"] == pytest.approx(
-        data["rows"][1]["goodput"]["training_goodput"])
-    assert again["rows"][1]["goodput_in_run_steady"]["steady_step_time_source"] == \
-        "fault_free_intervals"
-    assert again["rows"][2]["goodput_in_run_steady"] is None
 
 
 def test_torchft_detection_is_the_first_quorum_change() -> None:
@@ -201,13 +203,10 @@ def test_torchft_detection_is_the_first_quorum_change() -> None:
     assert [bool(detect(line)) for line in lines] == [False, False, False, True]
 
 
-def test_per_step_wall_skips_the_first_step_and_reads_sparse_samples():
-    timeline = RunTimeline()
-    timeline.run_started(0.0, 2)
-    for step, t in ((1, 5.0), (2, 5.5), (4, 6.5), (10, 9.5)):  # start-up, then 0.5 s per step
-        timeline.step_completed(step, t, 2)
-    assert bench_recovery.per_step_wall_s(timeline) == pytest.approx(0.5)
-    short = RunTimeline()
-    short.run_started(0.0, 2)
-    short.step_completed(1, 1.0, 2)
-    assert bench_recovery.per_step_wall_s(short) is None
+def test_every_mechanism_says_how_it_is_configured_and_what_it_cannot_run() -> None:
+    for name in MECHANISMS:
+        peer = make_peer(name)
+        assert peer.name == name and peer.config
+        for kind, reason in getattr(peer, "unsupported_reasons", {}).items():
+            assert kind not in peer.supported_kinds and reason
+    assert "NCCL" in make_peer("nvrx-inprocess").available()

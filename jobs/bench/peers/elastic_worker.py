@@ -5,11 +5,14 @@
     ft_launcher --standalone --nproc-per-node 2 --max-restarts 5 --ft-rank-heartbeat-timeout 5 \
         -m peers.elastic_worker RUN/workload.json --nvrx-heartbeats
 
-(with `jobs/` on PYTHONPATH). The launcher sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT
-and restarts every rank when one fails; this script resumes from the newest committed local DCP
-checkpoint. With `--nvrx-heartbeats` it reports to ft_launcher's rank monitor through
-`RankMonitorClient`: one heartbeat when training starts and one per completed step, so a rank
-that stops stepping (a hang) is killed and the group restarted once the heartbeat times out.
+(with `jobs/bench` on PYTHONPATH). The launcher sets RANK / WORLD_SIZE / MASTER_ADDR /
+MASTER_PORT and restarts every rank when one fails; this script resumes from the newest
+checkpoint: DCP async durable ones, or NVRx's node-local ones when newer (`harness.tiers`).
+Its process-group timeout is the workload's detection timeout: a rank blocked in a collective
+on a hung peer fails after it, which is how torchrun notices a hang. With `--nvrx-heartbeats` it
+reports to ft_launcher's rank monitor through `RankMonitorClient`: one heartbeat when training
+starts and one per completed step, so a rank that stops stepping is killed and the group
+restarted once the heartbeat times out.
 """
 
 from __future__ import annotations
@@ -25,16 +28,16 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
-
-from .events import EventLog
-from .local_checkpoint import LocalDCPCheckpoints
-from .spec import Workload
-from .workload import train
+from harness.events import EventLog
+from harness.spec import Workload
+from harness.tiers import TieredCheckpoints
+from harness.workload import train
 
 
 def _heartbeats() -> tuple[Callable[[int], None], Callable[[], None]]:
     """Connect to ft_launcher's rank monitor; returns (per-step hook, shutdown)."""
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # noqa: PLC0415 - optional: NVRx only with --nvrx-heartbeats
+    # Imported here: torchrun's workers do not need NVRx (its import would count in their start).
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # noqa: PLC0415
 
     client = RankMonitorClient()
     client.init_workload_monitoring()
@@ -73,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log = EventLog(workload.run_dir, f"rank{rank}-pid{os.getpid()}")
     log.start(rank, _T_PROCESS)
-    _init_process_group(rank, world_size, workload.process_group_timeout_s)
+    _init_process_group(rank, world_size, workload.detect_timeout_s)
     on_step, shutdown = _heartbeats() if args.nvrx_heartbeats else (None, None)
-    train(workload, rank=rank, world_size=world_size, log=log,
-          ckpt=LocalDCPCheckpoints(workload.run_dir, rank, log), on_step=on_step)
+    ckpt = TieredCheckpoints(workload, rank, log, local=workload.local_interval > 0)
+    train(workload, rank=rank, world_size=world_size, log=log, ckpt=ckpt, on_step=on_step)
     if shutdown is not None:
         shutdown()
     # No destroy_process_group(): with FSDP2 + gloo it intermittently aborts the process at

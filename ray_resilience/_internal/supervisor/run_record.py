@@ -240,19 +240,22 @@ class RunRecord:
                 rollback_steps=None if fault.step is None else fault.step - (step - 1), t=t))
 
     def add_saves(self, attempt: int, saves: list[tuple], t: float) -> None:
-        """Checkpoint blocking times of one rank, (step, seconds) or (step, seconds, tier) for
-        local snapshots; emitted once every rank saved that step."""
+        """Checkpoint blocking times of one rank: (step, seconds[, tier[, when it returned]]),
+        tier "local" for local snapshots; recorded once every rank saved that step, at the
+        latest rank's own time (else `t`, the report's), so its blocking lands in the step
+        interval it happened in."""
         with self.lock:
             for step, blocking, *rest in saves:
                 tier = rest[0] if rest else None
+                t_save = rest[1] if len(rest) > 1 else t
                 key = (attempt, step, tier)
-                count, worst, _ = self._saves.get(key, (0, 0.0, t))
-                count, worst = count + 1, max(worst, blocking)
+                count, worst, t_last = self._saves.get(key, (0, 0.0, t_save))
+                count, worst, t_last = count + 1, max(worst, blocking), max(t_last, t_save)
                 if count < self.world_size:
-                    self._saves[key] = (count, worst, t)
+                    self._saves[key] = (count, worst, t_last)
                     continue
                 self._saves.pop(key, None)
-                self.emit(CheckpointSaved(step=step, blocking_s=worst, tier=tier, t=t))
+                self.emit(CheckpointSaved(step=step, blocking_s=worst, tier=tier, t=t_last))
 
     def sorted_history(self) -> list[dict[str, Any]]:
         with self.lock:

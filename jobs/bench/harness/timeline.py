@@ -12,7 +12,10 @@ Which events stand for what (all times `time.time()`):
   teardown = detect to the first new `start`; rendezvous = that start to the last rank's
   `pg_ready`; checkpoint_load = rank 0's `load`; the first completed step after the fault ends
   the recovery. A mechanism that shows no detection signal gets no detect phase: its detect time
-  is taken as the first new start, and a note says so instead of inventing a split.
+  is taken as the first new start, and a note says so instead of inventing a split. When rank 0
+  loads nothing (torchft: it keeps training), it resumed from the step before its next one.
+- a fault fires at the start of its step s, so s - 1 steps were complete: steps redone are
+  s - 1 minus the step resumed from, for every mechanism.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def events_to_timeline(
     for e in steps:  # "world": participating ranks, where a mechanism can train with fewer
         timeline.step_completed(e["step"], e["t"], e.get("world", world_size))
     for e in _of(lead, "save"):
-        timeline.checkpoint_saved(e["step"], e["t"], e["blocking_s"], tier="storage")
+        timeline.checkpoint_saved(e["step"], e["t"], e["blocking_s"],
+                                  tier=e.get("tier") or "storage")
     for e in _of(events, "commit"):
         timeline.checkpoint_committed(e["step"], e["t"])
     ordered = sorted(fired, key=lambda f: f["t_fault"])
@@ -86,7 +90,7 @@ def _record_fault(
     t_detect = max(t_fault, min(candidates, default=t_fault))
     kind = FaultKind(fault["kind"])
     timeline.fault_detected(
-        fid, t_fault=t_fault, t_detect=t_detect, step_at_fault=fault["step"],
+        fid, t_fault=t_fault, t_detect=t_detect, step_at_fault=fault["step"] - 1,
         rank=fault["rank"], cause=kind.recorded_cause, kind=kind.value)
     if detects:
         timeline.recovery_phase(fid, "detect", t_fault, t_detect)
@@ -96,10 +100,15 @@ def _record_fault(
     if t_new is not None and t_pg is not None and t_pg >= t_new:
         timeline.recovery_phase(fid, "rendezvous", t_new, t_pg)
     load = next((e for e in _of(window, "load") if e.get("rank") == LEAD_RANK), None)
-    if load is None:
+    if load is None:  # rank 0 kept training (torchft): its next step ends the stall
+        first = next((e for e in steps if e["t"] > t_fault), None)
+        if first is not None:
+            timeline.recovery_done(fid, first["t"], first["step"] - 1)
         return
     if load["t"] >= load["t_start"]:
-        tier = "storage" if load["from_step"] > 0 else None
+        # A torchft replica heals from a live peer's memory ("peer").
+        tier = {"local": "local", "peer": "memory"}.get(load.get("tier"), "storage") \
+            if load["from_step"] > 0 else None
         timeline.recovery_phase(fid, "checkpoint_load", load["t_start"], load["t"], tier=tier)
     first = next((e for e in steps if e["t"] > load["t"]), None)
     if first is not None:
@@ -115,3 +124,31 @@ def _rendezvous_end(window: list[Event], t_new: float | None) -> float | None:
         if e["t"] >= t_new:
             first_per_rank.setdefault(e["rank"], e["t"])
     return max(first_per_rank.values(), default=None)
+
+
+def align_to_ledger(timeline: RunTimeline, fired: Sequence[Event]) -> tuple[RunTimeline, list[str]]:
+    """A supervisor-recorded timeline with its faults re-labelled from the benchmark's ledger.
+
+    Ours detects faults itself and records them at detection; the ledger knows when each fired
+    (before its step's forward pass) and which it was. Each fired fault is matched to the first
+    unmatched detection at or after it; it takes the ledger's id, kind, time and step (s - 1
+    steps were complete), keeping the recorded detection and recovery phases.
+    """
+    data = timeline.to_dict()
+    detected = sorted(data["faults"], key=lambda f: f["t_detect"])
+    notes, used = [], set()
+    for fault in sorted(fired, key=lambda f: f["t_fault"]):
+        match = next((i for i, d in enumerate(detected)
+                      if i not in used and d["t_detect"] >= fault["t_fault"]), None)
+        if match is None:
+            notes.append(f"{fault['id']}: fired but never detected")
+            continue
+        used.add(match)
+        kind = FaultKind(fault["kind"])
+        detected[match].update(fault_id=fault["id"], kind=kind.value, cause=kind.recorded_cause,
+                               t_fault=fault["t_fault"], step_at_fault=fault["step"] - 1,
+                               rank=fault["rank"])
+    notes += [f"unplanned fault detected ({d['cause']}, {d['fault_id']})"
+              for i, d in enumerate(detected) if i not in used]
+    data["faults"] = detected
+    return RunTimeline.from_dict(data), notes

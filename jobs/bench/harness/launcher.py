@@ -21,18 +21,30 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from .events import EventLog
-from .spec import PeerRun, Workload
+from .spec import FINAL_PARAMS_FILE, PeerRun, Workload
 from .timeline import build_timeline
-from .workload import read_final_params
 
-JOBS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: What worker processes need first on PYTHONPATH: jobs/bench (`harness`, `peers`) and the
+#: checkout holding it, so they import this checkout's `ray_resilience`, not an installed one.
+BENCH_PATHS = [BENCH_DIR, os.path.dirname(os.path.dirname(BENCH_DIR))]
+
+
+def with_bench_paths(pythonpath: str) -> str:
+    """`pythonpath` with BENCH_PATHS in front (no duplicates)."""
+    paths = BENCH_PATHS + [p for p in pythonpath.split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(paths))
+
+
+NODE_LOSS_UNSUPPORTED = ("a node of a launcher job is a host running its own launcher agent; "
+                         "replacing a lost host is the scheduler's job (Slurm, Kubernetes), "
+                         "which this single-machine harness does not simulate")
 
 
 def child_env() -> dict[str, str]:
     """Environment for launched ranks: `peers` importable, unbuffered output, one thread."""
     env = dict(os.environ)
-    paths = [JOBS_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONPATH"] = with_bench_paths(env.get("PYTHONPATH", ""))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -143,12 +155,12 @@ def stop(children: Sequence[Logged]) -> None:
 
 
 def collect(run: PeerRun, workload: Workload, t_start: float) -> PeerRun:
-    """Fill in the timeline (from the ranks' event logs) and the final parameters."""
+    """Fill in the timeline (from the ranks' event logs); a run whose rank 0 never wrote the
+    final parameters failed."""
     run.timeline, observed = build_timeline(
         workload.run_dir, world_size=workload.world_size, t_start=t_start)
     run.notes.extend(observed)
-    run.final_params = read_final_params(workload.run_dir)
-    if run.final_params is None and run.status == "ok":
+    if run.status == "ok" and not os.path.exists(os.path.join(workload.run_dir, FINAL_PARAMS_FILE)):
         run.status, run.error = "failed", "rank 0 never wrote the final parameters"
     return run
 
@@ -162,9 +174,7 @@ def run_launcher(
     The run counts as ok when the launcher exited 0 and rank 0 wrote the final parameters.
     """
     workload.write()
-    run = PeerRun(mechanism=mechanism, checkpoint_interval=workload.checkpoint_interval,
-                  faulty=len(workload.fault_plan) > 0, run_dir=workload.run_dir,
-                  notes=list(notes))
+    run = PeerRun(mechanism=mechanism, run_dir=workload.run_dir, notes=list(notes))
     t_start = time.time()
     launcher = start_logged("launcher", command, workload, detect=detect.search)
     (returncode,), error = wait_all([launcher], timeout_s)

@@ -79,17 +79,20 @@ class EventLog:
         """torch.distributed is initialised and the model is built on this rank."""
         self.write("pg_ready", rank=rank)
 
-    def load(self, rank: int, t_start: float, from_step: int) -> None:
-        """Checkpoint `from_step` (0: none, fresh start) was loaded between t_start and now."""
-        self.write("load", rank=rank, t_start=t_start, from_step=from_step)
+    def load(self, rank: int, t_start: float, from_step: int, tier: str | None = None) -> None:
+        """Checkpoint `from_step` (0: none, fresh start) was loaded between t_start and now,
+        from `tier` ("local", "storage"; None when nothing was loaded)."""
+        self.write("load", rank=rank, t_start=t_start, from_step=from_step, tier=tier)
 
     def step(self, rank: int, step: int, loss: float) -> None:
         """This rank finished step `step` (optimizer step applied)."""
         self.write("step", rank=rank, step=step, loss=loss)
 
-    def save(self, rank: int, step: int, blocking_s: float) -> None:
-        """The save of `step` returned to training after blocking it for `blocking_s`."""
-        self.write("save", rank=rank, step=step, blocking_s=blocking_s)
+    def save(self, rank: int, step: int, blocking_s: float, *, tier: str | None = None,
+             part: str | None = None) -> None:
+        """The save of `step` blocked training for `blocking_s` (tier "local" for a node-local
+        one; `part` names a later wait that belongs to it, e.g. the optimizer step's)."""
+        self.write("save", rank=rank, step=step, blocking_s=blocking_s, tier=tier, part=part)
 
     def commit(self, step: int, source: str) -> None:
         """Checkpoint `step` became loadable (its marker exists / Ray Train registered it)."""

@@ -1,0 +1,123 @@
+"""The checkpoint benchmark's driver: the ranks of one size, one configuration at a time.
+
+Configurations (method, interval) and a no-checkpoint baseline run in an order that rotates
+every repetition; each configuration's throughput is compared with the baseline of its own
+repetition. Ours' methods get a fresh `CheckpointService` per configuration (its writers made
+ready before timing, as every method's one-time set-up is) and a thread that polls its
+coordinator for the newest committed step, which stamps ours' commits (every POLL_S).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from typing import Any
+
+import ray
+
+from ray_resilience._internal.checkpoint.service.service import CheckpointService
+from ray_resilience.checkpoint import CheckpointConfig
+
+from .rank import BenchRank
+
+POLL_S = 0.05
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CommitPoller:
+    """Records (step, time) whenever the service's newest committed step changes."""
+
+    def __init__(self, service: CheckpointService) -> None:
+        self.service, self.commits = service, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="commit-poller")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        last = None
+        while not self._stop.wait(POLL_S):
+            step = self.service.latest_committed_step()
+            if step is not None and step != last:
+                self.commits.append((step, time.time()))
+                last = step
+
+    def stop(self) -> list[tuple[int, float]]:
+        self._stop.set()
+        self._thread.join()
+        return self.commits
+
+
+class Bench:
+    """Ranks of one size, reused across every configuration."""
+
+    def __init__(self, size_name: str, world_size: int, storage: str, shm: str) -> None:
+        actor = ray.remote(BenchRank).options(num_cpus=1, max_concurrency=2)
+        port = _port()
+        self.size_name, self.world_size = size_name, world_size
+        self.storage, self.shm = storage, shm
+        self.ranks = [actor.remote(r, world_size, port, size_name) for r in range(world_size)]
+        self.node = ray.get_runtime_context().get_node_id()
+        self.state_bytes = sum(ray.get([r.state_bytes.remote() for r in self.ranks]))
+        self._count = 0
+
+    def run(self, method: str, interval: int, steps: int) -> dict[str, Any]:
+        """Every rank's result of one configuration, plus ours' commits and writer memory."""
+        self._count += 1
+        name = f"{self.size_name}-{method}-{interval}-{self._count}"
+        service = self._service(method, interval, name) if method.startswith("ours") else None
+        poller = CommitPoller(service) if service is not None else None
+        try:
+            results = ray.get([r.run.remote(method, interval, steps,
+                                            os.path.join(self.storage, name),
+                                            os.path.join(self.shm, name)) for r in self.ranks])
+            extra: dict[str, Any] = {}
+            if service is not None:
+                extra = self._settle(service)
+                extra["commits"] = [c for c in poller.stop() if c[0] >= 1]
+        finally:
+            if service is not None:
+                ray.get([r.detach.remote() for r in self.ranks])
+                service.shutdown()
+                shutil.rmtree(os.path.join(self.storage, name), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.shm, name), ignore_errors=True)
+        return {"ranks": results, **extra}
+
+    def _service(self, method: str, interval: int, name: str) -> CheckpointService:
+        if method == "ours_local":
+            config = CheckpointConfig(local_interval_steps=interval, local_max_bytes=None,
+                                      local_dir=self.shm)
+        else:
+            config = CheckpointConfig(in_flight_policy=method.split("_", 1)[1],
+                                      local_interval_steps=0)
+        service = CheckpointService.start(
+            storage_path=self.storage, run_name=name, storage_filesystem=None,
+            world_size=self.world_size, node_ids_by_rank=[self.node] * self.world_size,
+            config=config)
+        service.wait_ready()
+        specs = [service.rank_spec(r) for r in range(self.world_size)]
+        ray.get([rank.attach.remote(spec) for rank, spec in zip(self.ranks, specs, strict=True)])
+        return service
+
+    @staticmethod
+    def _settle(service: CheckpointService) -> dict[str, Any]:
+        """Waits (at most 60 s) for pending commits; committed count and writer memory."""
+        deadline = time.monotonic() + 60
+        stats = service.stats()
+        while stats["pending_steps"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            stats = service.stats()
+        return {"committed": stats["counts"].get("committed", 0),
+                "writer_bytes": stats["memory_bytes"]}
+
+    def close(self) -> None:
+        ray.get([r.close.remote() for r in self.ranks], timeout=120)
+        for r in self.ranks:
+            ray.kill(r)

@@ -1,0 +1,56 @@
+"""Scores of the checkpoint benchmark: per repetition, then pooled per configuration.
+
+- blocking per save: the slowest rank's (a save holds training until every rank resumes),
+  the next optimizer step's wait included;
+- AWS efficiency: 1 - sum(blocking) / wall, the AWS/NVRx formula (it cannot see background
+  cost);
+- throughput efficiency: the no-checkpoint baseline's wall / this wall, same repetition (it
+  sees everything a method costs, background writes included);
+- persisted fraction: durable checkpoints committed / saves requested;
+- staleness: at every step, the age of the newest durable checkpoint (`scoring.staleness`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from scoring.staleness import staleness, staleness_summary
+from scoring.stats import percentile, summary
+
+
+def score_rep(result: dict[str, Any], method: str, baseline_wall_s: float | None) -> dict[str, Any]:
+    ranks = result["ranks"]
+    first = ranks[0]
+    blocking = [max(r["blocking_s"][i] for r in ranks) for i in range(first["requested"])]
+    wall = max(r["wall_s"] for r in ranks)
+    if method.startswith("ours") and method != "ours_local":
+        commits = result.get("commits", [])
+        persisted = max(0, result.get("committed", 0) - 1)  # minus the warm-up save
+    else:
+        commits = first["commits"]
+        persisted = len({s for s, _ in commits})
+    ages = staleness(first["step_times"], commits, first["t_start"])
+    return {"wall_s": wall, "blocking_s": blocking, "requested": first["requested"],
+            "persisted": persisted, "ages": ages,
+            "aws_efficiency": 1 - sum(blocking) / wall if wall > 0 else None,
+            "throughput_efficiency": baseline_wall_s / wall if baseline_wall_s and wall else None,
+            "held_mb": (sum(r["held_bytes"] for r in ranks) + result.get("writer_bytes", 0)) / 1e6,
+            "coalesced": sum(r["coalesced"] for r in ranks),
+            "skipped": sum(r["skipped"] for r in ranks)}
+
+
+def pool(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration over its repetitions."""
+    blocking = [b for r in reps for b in r["blocking_s"]]
+    ages = [a for r in reps for a in r["ages"]]
+    fractions = [r["persisted"] / r["requested"] for r in reps if r["requested"]]
+    return {
+        "reps": len(reps), "requested": summary([r["requested"] for r in reps]),
+        "blocking_median_s": percentile(blocking, 50), "blocking_p99_s": percentile(blocking, 99),
+        "aws_efficiency": summary([r["aws_efficiency"] for r in reps]),
+        "throughput_efficiency": summary([r["throughput_efficiency"] for r in reps]),
+        "persisted_fraction": summary(fractions), "staleness": staleness_summary(ages),
+        "held_mb": summary([r["held_mb"] for r in reps]),
+        "coalesced_or_skipped": sum(r["coalesced"] + r["skipped"] for r in reps),
+    }

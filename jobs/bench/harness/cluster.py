@@ -1,0 +1,130 @@
+"""A simulated multi-node Ray cluster on this machine, and the node-loss fault.
+
+Each node is a separate raylet (`ray.cluster_utils.Cluster`): a head for the control plane and
+`nodes` worker nodes with one CPU and one "trainer" resource each, which is where the ranks go
+(one per node). A node-loss fault is fired by the harness, not by a rank: once rank 0 logged
+the step before the fault's, `NodeKiller` writes the fault to the ledger and kills every
+process of the node hosting the target rank without grace (as `Cluster.remove_node` does), then
+adds a replacement node after REPLACEMENT_DELAY_S, as a cluster's autoscaler would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import psutil
+import ray
+from ray.cluster_utils import Cluster
+
+from ray_resilience.testing import FaultKind
+
+from .events import EVENTS_DIR, FaultLedger
+from .launcher import with_bench_paths
+from .spec import Workload
+
+T = TypeVar("T")
+REPLACEMENT_DELAY_S = 1.0
+TRAINER = "trainer"
+DESCRIPTION = ("ray.cluster_utils.Cluster: head + one raylet per rank with a 'trainer' "
+               f"resource; lost node replaced after {REPLACEMENT_DELAY_S:g} s")
+
+
+@contextlib.contextmanager
+def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
+    """`ray.init` on a fresh cluster of a head and `nodes` worker nodes; torn down on exit."""
+    os.environ["PYTHONPATH"] = with_bench_paths(os.environ.get("PYTHONPATH", ""))
+    temp_dir = tempfile.mkdtemp(prefix="rrb_cl_", dir="/tmp")  # short: AF_UNIX path limit
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": head_cpus, "include_dashboard": False, "temp_dir": temp_dir,
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    for _ in range(nodes):
+        cluster.add_node(num_cpus=1, resources={TRAINER: 1})
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+class NodeKiller:
+    """Fires the plan's node-loss faults from the main thread (see the module docstring)."""
+
+    def __init__(self, cluster: Any, workload: Workload) -> None:
+        self.cluster, self.workload = cluster, workload
+        self._due = [f for f in workload.fault_plan if f.kind is FaultKind.NODE_LOSS]
+
+    def run_beside(self, fit: Callable[[], T]) -> T:
+        """Runs `fit` on a thread and fires the faults here until it returns; its result."""
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = fit()
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, name="fit", daemon=True)
+        thread.start()
+        ledger = FaultLedger(self.workload.run_dir)
+        while thread.is_alive():
+            thread.join(0.05)
+            if self._due and thread.is_alive():
+                self._maybe_fire(ledger)
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def _maybe_fire(self, ledger: FaultLedger) -> None:
+        fault = self._due[0]
+        pids = _step_reached(self.workload.run_dir, fault.step - 1, fault.rank)
+        node = self._node_of(pids) if pids else None
+        if node is None:
+            return
+        self._due.pop(0)
+        ledger.record(fault)
+        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+        self.cluster.worker_nodes.remove(node)
+        time.sleep(REPLACEMENT_DELAY_S)
+        self.cluster.add_node(num_cpus=1, resources={TRAINER: 1})
+
+    def _node_of(self, pids: set[int]) -> Any:
+        for node in list(self.cluster.worker_nodes):
+            raylets = {p.process.pid for p in node.all_processes.get("raylet", [])}
+            for pid in pids:
+                try:
+                    if raylets & {p.pid for p in psutil.Process(pid).parents()}:
+                        return node
+                except psutil.Error:
+                    continue
+        return None
+
+
+def _step_reached(run_dir: str, step: int, rank: int) -> set[int] | None:
+    """Pids of `rank`'s live processes once rank 0 logged `step` (None before)."""
+    folder = os.path.join(run_dir, EVENTS_DIR)
+    if not os.path.isdir(folder):
+        return None
+    reached, pids = False, set()
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if event["ev"] == "step" and event.get("rank") == 0 and event["step"] >= step:
+                    reached = True
+                if event["ev"] == "start" and event.get("rank") == rank and \
+                        psutil.pid_exists(event["pid"]):
+                    pids.add(event["pid"])
+    return pids if reached and pids else None

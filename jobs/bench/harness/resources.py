@@ -1,0 +1,111 @@
+"""What a run costs in machine resources: peak memory and CPU-seconds over all its processes.
+
+The runner process makes itself a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`), so every
+process the run starts, however deep and even after its parent exits, stays its descendant. A
+sampler reads every descendant every SAMPLE_S: the sum of their resident memory (its peak is
+reported; shared library pages count once per process) and each one's CPU time. After the run
+the runner kills what is left and reaps it; a process it reaps itself gets its exact CPU time
+from `wait4`. Ray's raylet reaps its workers itself without keeping their usage, so for those
+the last sample stands: a process loses at most one sampling period of CPU time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+SAMPLE_S = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    peak_rss_bytes: int
+    cpu_s: float
+    """User + system CPU of every process the run started."""
+    num_processes: int
+    """Distinct processes seen."""
+
+
+def become_subreaper() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+class Meter:
+    """Samples the calling process's descendants from `start()` until `stop()`."""
+
+    def __init__(self) -> None:
+        self._me = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-meter", daemon=True)
+        self._peak = 0
+        self._cpu: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.sample()
+
+    def sample(self) -> None:
+        total = 0
+        for proc in self._me.children(recursive=True):
+            try:
+                with proc.oneshot():
+                    rss, times = proc.memory_info().rss, proc.cpu_times()
+            except psutil.Error:
+                continue  # exited meanwhile
+            total += rss
+            with self._lock:
+                self._cpu[proc.pid] = max(self._cpu.get(proc.pid, 0.0), times.user + times.system)
+        self._peak = max(self._peak, total)
+
+    def stop(self) -> Usage:
+        """Stops sampling, kills what the run left behind (ours, by pid), reaps everything."""
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        for pid, cpu_s in _kill_and_reap(self._me).items():
+            self._cpu[pid] = max(self._cpu.get(pid, 0.0), cpu_s)
+        return Usage(peak_rss_bytes=self._peak, cpu_s=sum(self._cpu.values()),
+                     num_processes=len(self._cpu))
+
+
+def _kill_and_reap(me: psutil.Process, timeout_s: float = 30.0) -> dict[int, float]:
+    """SIGKILL every descendant (repeatedly: a dying parent hands its children to us) and
+    reap them all; returns pid -> CPU seconds of each process reaped here."""
+    reaped: dict[int, float] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = me.children(recursive=True)
+        for proc in left:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        reaped.update(_reap_exited())
+        if not left:
+            break
+        time.sleep(0.05)
+    return reaped
+
+
+def _reap_exited() -> dict[int, float]:
+    reaped = {}
+    while True:
+        try:
+            pid, _, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped[pid] = usage.ru_utime + usage.ru_stime

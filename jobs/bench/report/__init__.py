@@ -1,0 +1,1 @@
+"""Rendering docs/benchmarks.md (and the README's summary table) from the result files."""

@@ -1,0 +1,74 @@
+"""The checkpoint-benchmark section of docs/benchmarks.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .fmt import NONE, mb, ms, num, pct, spread, table
+
+PAIRS = (("ours_block", "dcp_async", "both persist every save"),
+         ("ours_coalesce", "dcp_async_skip", "both drop saves while one is in flight"),
+         ("ours_local", "nvrx_local", "node-local tiers"))
+
+
+def _whole(x: float) -> str:
+    return pct(x, 0)
+
+
+def _stale(row: dict[str, Any]) -> str:
+    st = row["staleness"]
+    if st["steps_median"] is None:
+        return NONE
+    return f"{num(st['steps_median'])} / {num(st['steps_p99'])} steps, {ms(st['seconds_median'])}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    headers = ["method", "blocking median", "blocking p99", "AWS efficiency",
+               "throughput efficiency", "persisted", "staleness (median / p99, median age)",
+               "held memory"]
+    body = [[r["method"] + ("" if r["durable"] else " (node-local)"), ms(r["blocking_median_s"]),
+             ms(r["blocking_p99_s"]), spread(r["aws_efficiency"]),
+             spread(r["throughput_efficiency"]), spread(r["persisted_fraction"], _whole),
+             _stale(r), spread(r["held_mb"], mb)] for r in rows]
+    return table(headers, body)
+
+
+def _pair_lines(rows: list[dict[str, Any]]) -> list[str]:
+    by = {r["method"]: r for r in rows}
+    lines = []
+    for ours, peer, why in PAIRS:
+        a, b = by.get(ours), by.get(peer)
+        if not a or not b:
+            continue
+        ta, tb = a["throughput_efficiency"]["median"], b["throughput_efficiency"]["median"]
+        if ta is None or tb is None:
+            continue
+        verdict = "ahead" if ta > tb else ("behind" if ta < tb else "level")
+        lines.append(f"- {ours} vs {peer} ({why}): throughput efficiency {pct(ta)} vs {pct(tb)} "
+                     f"(ours {verdict}); blocking p99 {ms(a['blocking_p99_s'])} vs "
+                     f"{ms(b['blocking_p99_s'])}; persisted "
+                     f"{_whole(a['persisted_fraction']['median'])} vs "
+                     f"{_whole(b['persisted_fraction']['median'])}; staleness {_stale(a)} vs "
+                     f"{_stale(b)}.")
+    return lines
+
+
+def section(doc: dict[str, Any]) -> str:
+    out = ["## Checkpoint benchmark", ""]
+    if doc["quick"]:
+        out += ["**Quick run** (`--quick`: 1 repetition on a shared, noisy machine).", ""]
+    out += [f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s, "
+            f"{doc['reps']} repetition(s), interleaved with a no-checkpoint run per repetition). "
+            "Blocking is the slowest rank's, the next optimizer step's wait included; "
+            "persisted = durable checkpoints / saves requested; staleness = age of the newest "
+            "durable checkpoint (its own tier for node-local rows) at every step.", ""]
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in doc["rows"]:
+        groups.setdefault((row["size"], row["interval"]), []).append(row)
+    for (size, interval), rows in groups.items():
+        out += [f"### {size} ({mb(rows[0]['state_mb'])} of state on 2 ranks), save every "
+                f"{interval} step(s), {rows[0]['steps']} steps", "", _table(rows), ""]
+        lines = _pair_lines(rows)
+        if lines:
+            out += ["Like for like:", "", *lines, ""]
+    return "\n".join(out)

@@ -1,0 +1,114 @@
+"""Template prose filled with measured numbers: where the time goes, where ours loses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from peers import MECHANISMS
+
+from .fmt import gib, num, pct, sec, table
+
+OURS = "ours"
+#: (label, summary key, formatter, higher is better)
+METRICS = (
+    ("training goodput", "training_goodput", pct, True),
+    ("time to the last step", "wall_s", sec, False),
+    ("start-up", "startup_s", sec, False),
+    ("infra goodput per slot", "infra_goodput_per_slot", pct, True),
+    ("steps redone", "steps_redone", num, False),
+    ("peak RSS", "peak_rss_bytes", gib, False),
+    ("CPU time", "cpu_s", sec, False),
+)
+PARTS = ("start-up", "steady steps", "recoveries", "redone steps", "other")
+
+
+def ordered(names: Iterable[str]) -> list[str]:
+    """Mechanism names in the benchmark's order (result files sort their keys)."""
+    order = list(MECHANISMS)
+    return sorted(names, key=lambda m: (order.index(m) if m in order else len(order), m))
+
+
+def _median(s: dict[str, Any] | None, key: str) -> float | None:
+    return ((s or {}).get(key) or {}).get("median")
+
+
+def breakdown(doc: dict[str, Any], scenario: str, mech: str) -> dict[str, float] | None:
+    """Median wall split into start-up, N fault-free steps, recoveries (fault to first step),
+    steps redone and the rest (checkpoint saves, slower steps after faults, shutdown)."""
+    s = doc["scenarios"][scenario]["summary"].get(mech)
+    steady = doc["references"].get(mech, {}).get("steady_step_s")
+    wall = _median(s, "wall_s")
+    if not s or not s["ok"] or steady is None or wall is None:
+        return None
+    parts = {"start-up": _median(s, "startup_s") or 0.0,
+             "steady steps": doc["max_steps"] * steady,
+             "recoveries": _median(s, "recovery_total_s") or 0.0,
+             "redone steps": (_median(s, "steps_redone") or 0.0) * steady}
+    parts["other"] = wall - sum(parts.values())
+    return parts | {"wall": wall}
+
+
+def time_breakdown(doc: dict[str, Any], scenario: str) -> str:
+    rows = []
+    for mech in ordered(doc["mechanisms"]):
+        parts = breakdown(doc, scenario, mech)
+        if parts is not None:
+            rows.append([mech, *(sec(parts[p]) for p in PARTS), sec(parts["wall"])])
+    if not rows:
+        return ""
+    return ("Where the time goes (medians; steady steps = steps x the mechanism's own fault-free "
+            "step; other = checkpoint saves, slower steps after a restart, shutdown):\n\n"
+            + table(["mechanism", *PARTS, "wall"], rows))
+
+
+def _peers(doc: dict[str, Any], scenario: str) -> dict[str, dict[str, Any]]:
+    summaries = doc["scenarios"][scenario]["summary"]
+    return {m: s for m, s in summaries.items() if not m.startswith(OURS) and s["ok"]}
+
+
+def _better(a: float, b: float, higher: bool) -> bool:
+    return a > b if higher else a < b
+
+
+def where_ours_loses(doc: dict[str, Any], scenario: str) -> list[str]:
+    ours = doc["scenarios"][scenario]["summary"].get(OURS)
+    peers = _peers(doc, scenario)
+    if not ours or not ours["ok"] or not peers:
+        return []
+    lines = []
+    for label, key, fmt, higher in METRICS:
+        mine = _median(ours, key)
+        known = {m: _median(s, key) for m, s in peers.items() if _median(s, key) is not None}
+        if mine is None or not known:
+            continue
+        best = (max if higher else min)(known, key=lambda m: (known[m], m))
+        if _better(known[best], mine, higher):
+            lines.append(f"- {label}: ours {fmt(mine)}, {best} {fmt(known[best])}.")
+    for kind, entry in sorted(ours["recovery"].items()):
+        known = {m: s["recovery"][kind]["p50"] for m, s in peers.items() if kind in s["recovery"]}
+        if known:
+            best = min(known, key=lambda m: (known[m], m))
+            if known[best] < entry["p50"]:
+                lines.append(f"- {kind} recovery p50: ours {sec(entry['p50'])}, "
+                             f"{best} {sec(known[best])}.")
+    if not lines:
+        return ["Ours is ahead of every peer on every column of this table."]
+    gap = _gap(doc, scenario, peers)
+    return ["Where ours loses (medians):", "", *lines, *(["", gap] if gap else [])]
+
+
+def _gap(doc: dict[str, Any], scenario: str, peers: dict[str, dict[str, Any]]) -> str:
+    """Ours' wall against the fastest peer's, split by `breakdown`."""
+    walls = {m: _median(s, "wall_s") for m, s in peers.items() if _median(s, "wall_s")}
+    mine = breakdown(doc, scenario, OURS)
+    if not walls or mine is None:
+        return ""
+    fastest = min(walls, key=lambda m: (walls[m], m))
+    theirs = breakdown(doc, scenario, fastest)
+    if theirs is None:
+        return ""
+    deltas = sorted(((mine[p] - theirs[p], p) for p in PARTS), reverse=True)
+    parts = ", ".join(f"{p} {d:+.1f} s" for d, p in deltas)
+    return (f"Against the fastest peer to the last step ({fastest}), ours' wall differs by "
+            f"{mine['wall'] - theirs['wall']:+.1f} s: {parts}.")

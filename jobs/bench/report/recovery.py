@@ -1,0 +1,122 @@
+"""The recovery sections of docs/benchmarks.md: one per result file (state size)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .fmt import NONE, gib, mb, ms, num, pct, sec, spread, table
+from .prose import ordered, time_breakdown, where_ours_loses
+
+SCENARIO_TITLES = {
+    "aws": "AWS/NVRx schedule (exception and SIGKILL)",
+    "hang": "Hangs (a rank stops stepping)",
+    "node_loss": "Node loss (simulated multi-node Ray cluster)",
+}
+
+
+def _plan(plan: dict[str, Any]) -> str:
+    return ", ".join(f"{f['kind']}@{f['step']} (rank {f['rank']})" for f in plan["faults"])
+
+
+def _bit(s: dict[str, Any], key: str, comparable: bool) -> str:
+    counts = s.get(f"bit_equal_{key}") or {}
+    if not counts.get("compared"):
+        return NONE
+    text = f"{counts['equal']}/{counts['compared']}"
+    return text if comparable else f"{text} (not expected)"
+
+
+def _recovery(s: dict[str, Any], kind: str) -> str:
+    entry = s["recovery"].get(kind)
+    return NONE if entry is None else f"{sec(entry['p50'])} (max {sec(entry['max'])})"
+
+
+def scenario_table(doc: dict[str, Any], name: str) -> str:
+    scenario = doc["scenarios"][name]
+    kinds = sorted({f["kind"] for f in scenario["plan"]["faults"]})
+    headers = ["mechanism", "training goodput", f"time to {doc['max_steps']} steps", "start-up",
+               "goodput after start-up", "infra goodput / slot",
+               *[f"{k} recovery p50" for k in kinds], "steps redone", "= own fault-free",
+               "= FSDP/replica reference", "peak RSS", "CPU", "faults fired"]
+    rows = []
+    for mech in ordered(doc["mechanisms"]):
+        info, s = doc["mechanisms"][mech], scenario["summary"].get(mech)
+        if info.get("unavailable"):
+            rows.append([mech, f"not run: {info['unavailable']}", *[""] * (len(headers) - 2)])
+            continue
+        blank = [""] * (len(headers) - 2)
+        if mech in scenario["skipped"]:
+            rows.append([mech, f"skipped: {scenario['skipped'][mech]}", *blank])
+            continue
+        if s is None:
+            continue
+        if not s["ok"]:
+            rows.append([mech, f"failed: {'; '.join(s['errors'])[:200]}", *blank])
+            continue
+        comparable = info["bit_comparable"]
+        rows.append([
+            mech, spread(s["training_goodput"]), spread(s["wall_s"], sec),
+            spread(s["startup_s"], sec), spread(s["goodput_after_startup"]),
+            spread(s["infra_goodput_per_slot"]),
+            *[_recovery(s, k) for k in kinds], spread(s["steps_redone"], num),
+            _bit(s, "own", comparable), _bit(s, "family", comparable),
+            spread(s["peak_rss_bytes"], gib), spread(s["cpu_s"], sec),
+            f"{spread(s['faults_fired'], num)}/{s['faults_planned']}"])
+    return table(headers, rows)
+
+
+def reference_table(doc: dict[str, Any]) -> str:
+    headers = ["mechanism", "steady step", "vs torchrun", "fault-free training goodput",
+               "fault-free time", "durable every", "local every", "durable save cost",
+               "local save cost", "= FSDP/replica reference", "peak RSS", "CPU", "configuration"]
+    rows = []
+    for mech in ordered(doc["references"]):
+        ref = doc["references"][mech]
+        cal = doc["calibration"].get(mech, {})
+        iv = doc["intervals"][mech]
+        score = ref.get("score") or {}
+        equal = ref.get("params_equal_family")
+        rows.append([
+            mech, ms(ref.get("steady_step_s")), pct(doc["overhead_vs_torchrun"].get(mech)),
+            pct(score.get("training_goodput")), sec(score.get("wall_s")),
+            str(iv["durable"] or NONE), str(iv["local"] or NONE), ms(cal.get("durable_cost_s")),
+            ms(cal.get("local_cost_s")), NONE if equal is None else ("yes" if equal else "NO"),
+            gib((ref.get("usage") or {}).get("peak_rss_bytes")),
+            sec((ref.get("usage") or {}).get("cpu_s")), _config(doc["mechanisms"][mech])])
+    return table(headers, rows)
+
+
+def _config(info: dict[str, Any]) -> str:
+    spares = info["num_spares"]
+    return info["config"] + (f" ({spares} idle slot{'s' if spares > 1 else ''} charged)"
+                             if spares else "")
+
+
+def section(doc: dict[str, Any]) -> str:
+    size = doc["size"]
+    out = [f"## Recovery: {size['name']} ({mb(size['state_bytes_per_rank'] / 1e6)} of state "
+           f"per rank, {doc['max_steps']} steps)", ""]
+    if doc["quick"]:
+        out += ["**Quick run** (`--quick`: short runs, 1 repetition, a shared and noisy machine): "
+                "it shows the harness works, not where the mechanisms stand.", ""]
+    stick = doc.get("yardstick")
+    out += [f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s; "
+            f"AWS schedule {doc['reps']} repetition(s), other scenarios "
+            f"{doc.get('side_reps', doc['reps'])}; medians with min–max). Yardstick: "
+            + (f"{stick['mechanism']}'s fault-free steady step, {ms(stick['step_s'])}."
+               if stick else "none (no fault-free run finished).")
+            + f" Hang detection timeout, the same for every mechanism: "
+              f"{size['detect_timeout_s']:g} s.", ""]
+    for name, scenario in doc["scenarios"].items():
+        out += [f"### {SCENARIO_TITLES.get(name, name)}", "",
+                f"Plan: {_plan(scenario['plan'])}.", "", scenario_table(doc, name), ""]
+        for block in (time_breakdown(doc, name), "\n".join(where_ours_loses(doc, name))):
+            if block:
+                out += [block, ""]
+    out += ["### Fault-free runs, intervals, per-step overhead and configurations", "",
+            "Each mechanism's intervals come from its own calibration run: Young's interval for "
+            "what one save of that tier cost the run, with the AWS plan's mean time between "
+            "faults. Every fault-free run is compared bit for bit with its family's reference "
+            "(torchrun for the FSDP mechanisms, torchft for the replicated ones).",
+            "", reference_table(doc), ""]
+    return "\n".join(out).rstrip()

@@ -1,0 +1,1 @@
+"""Orchestration of the benchmark sweeps: plans, phases of runs, summaries, result files."""

@@ -1,0 +1,222 @@
+"""The recovery sweep at one state size: calibrate, measure fault-free, then faulty repetitions.
+
+1. calibration: each mechanism that checkpoints trains fault-free for a third of the run,
+   saving durably every few steps and to its local tier (if any) every step; what a save of
+   each tier costs the run gives its interval (`scoring.intervals`), the same rule for all;
+2. reference: each mechanism trains the whole run fault-free at those intervals: its steady
+   step (the fastest is the yardstick), its overhead against plain torchrun, and the final
+   parameters every faulty run is compared with, bit for bit;
+3. faulty: each scenario's plan, `reps` times; the order of mechanisms rotates every
+   repetition, so a drift of the machine's speed spreads over all of them.
+Every run is isolated in its own runner process (`sweep.runner`) and charged its resources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from harness.sizes import size as size_of
+from harness.spec import Workload, unsupported_kinds
+from peers import NOT_BIT_COMPARABLE, family, make_peer
+from scoring.intervals import save_costs, young_interval
+from scoring.yardstick import steady_step_s, yardstick
+
+from ray_resilience.examples.token_data import generate_shards
+
+from . import runs
+from .plans import SCENARIOS, plan_for
+from .summary import overhead, summarize_faulty
+
+BASELINE = "torchrun"
+FAMILY_REFERENCE = {"fsdp": "torchrun", "replicated": "torchft"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    mechanisms: tuple[str, ...]
+    scenarios: tuple[str, ...]
+    reps: int
+    """Repetitions of the AWS scenario (the headline)."""
+    side_reps: int
+    """Repetitions of the other scenarios (detection timeouts and node starts dominate them)."""
+    quick: bool
+    work_dir: str
+    """Scratch folder for run folders (events, logs); not committed."""
+    run_timeout_s: float = 1200.0
+    world_size: int = 2
+    seed: int = 0
+
+
+def _rotated(names: list[str], by: int) -> list[str]:
+    by %= max(1, len(names))
+    return names[by:] + names[:by]
+
+
+class SizeSweep:
+    """All phases at one size; `run()` returns the result document (timelines kept apart)."""
+
+    def __init__(self, cfg: SweepConfig, size_name: str, log: Callable[[str], None]) -> None:
+        self.cfg, self.size, self.log = cfg, size_of(size_name), log
+        self.steps = self.size.quick_steps if cfg.quick else self.size.max_steps
+        self.root = os.path.join(cfg.work_dir, self.size.name)
+        self.peers = {m: make_peer(m, timeout_s=cfg.run_timeout_s) for m in cfg.mechanisms}
+        self.records: list[dict[str, Any]] = []
+        self.timelines: dict[str, Any] = {}
+        self._count = 0
+
+    def run(self) -> dict[str, Any]:
+        data = os.path.join(self.root, "data")
+        generate_shards(data, seq_len=self.size.seq_len, vocab_size=self.size.model.vocab_size)
+        base = Workload(size=self.size.name, max_steps=self.steps, world_size=self.cfg.world_size,
+                        checkpoint_interval=0, data_dir=data, run_dir=self.root, seed=self.cfg.seed,
+                        detect_timeout_s=self.size.detect_timeout_s)
+        unavailable = {m: p.available() for m, p in self.peers.items() if p.available()}
+        runnable = [m for m in self.cfg.mechanisms if m not in unavailable]
+        calibration = self._calibrate(base, runnable)
+        intervals = {m: self._intervals(m, calibration.get(m)) for m in runnable}
+        references = self._references(base, runnable, intervals)
+        steady = {m: references[m]["steady_step_s"] for m in runnable}
+        stick = yardstick(steady)
+        scenarios = {s: self._scenario(base, s, runnable, intervals) for s in self.cfg.scenarios}
+        self._score_all(stick[1] if stick else None, references)
+        return {
+            "size": {**dataclasses.asdict(self.size),
+                     "state_bytes_per_rank": self.size.state_bytes_per_rank},
+            "max_steps": self.steps, "reps": self.cfg.reps, "side_reps": self.cfg.side_reps,
+            "quick": self.cfg.quick,
+            "world_size": self.cfg.world_size,
+            "yardstick": {"mechanism": stick[0], "step_s": stick[1]} if stick else None,
+            "mechanisms": {m: self._describe(m, unavailable.get(m)) for m in self.cfg.mechanisms},
+            "calibration": calibration, "intervals": intervals,
+            "references": {m: _row(r) for m, r in references.items()},
+            "overhead_vs_torchrun": overhead(steady, BASELINE),
+            "scenarios": {name: self._scenario_doc(name, info)
+                          for name, info in scenarios.items()},
+        }
+
+    # --- phases ------------------------------------------------------------------------------
+
+    def _calibrate(self, base: Workload, names: list[str]) -> dict[str, Any]:
+        steps = max(8, self.steps // 3)
+        every = max(2, steps // 4)
+        out = {}
+        for name in names:
+            peer = self.peers[name]
+            if not (peer.uses_durable or peer.local_tier):
+                continue
+            wl = self._workload(base, name, "calibration", max_steps=steps,
+                                checkpoint_interval=every if peer.uses_durable else 0,
+                                local_interval=1 if peer.local_tier else 0)
+            record = self._execute(name, wl, "calibration", 0)
+            timeline = runs.timeline_of(record)
+            steady = steady_step_s(timeline) if timeline is not None else None
+            durable, local = save_costs(timeline, steady) if steady else (None, None)
+            out[name] = {"status": record["status"], "error": record["error"], "steps": steps,
+                         "durable_every": wl.checkpoint_interval, "steady_step_s": steady,
+                         "durable_cost_s": durable, "local_cost_s": local,
+                         "usage": record["usage"]}
+        return out
+
+    def _intervals(self, name: str, cal: dict[str, Any] | None) -> dict[str, Any]:
+        peer, faults = self.peers[name], SCENARIOS["aws"][0]
+        if not peer.uses_durable and not peer.local_tier:
+            return {"durable": 0, "local": 0, "rule": "no checkpoints"}
+        steady = (cal or {}).get("steady_step_s")
+        if not steady or (peer.uses_durable and (cal or {}).get("durable_cost_s") is None):
+            quarter = max(1, self.steps // 4)
+            return {"durable": quarter if peer.uses_durable else 0, "local": 0,
+                    "rule": "calibration failed: a quarter of the run"}
+        durable = young_interval(cal["durable_cost_s"], steady, self.steps, faults) \
+            if peer.uses_durable else self.steps
+        local = 0
+        if peer.local_tier and cal.get("local_cost_s") is not None:
+            local = young_interval(cal["local_cost_s"], steady, self.steps, faults)
+        return {"durable": durable if peer.uses_durable else 0, "local": local,
+                "rule": f"Young from measured cost, MTBF = {self.steps}/{faults} steps"}
+
+    def _references(self, base: Workload, names: list[str],
+                    intervals: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in _rotated(names, 0):
+            wl = self._workload(base, name, "reference",
+                                checkpoint_interval=intervals[name]["durable"],
+                                local_interval=intervals[name]["local"])
+            record = self._execute(name, wl, "reference", 0)
+            timeline = runs.timeline_of(record)
+            record["steady_step_s"] = steady_step_s(timeline) if timeline is not None \
+                and record["status"] == "ok" else None
+            out[name] = record
+        return out
+
+    def _scenario(self, base: Workload, scenario: str, names: list[str],
+                  intervals: dict[str, Any]) -> dict[str, Any]:
+        plan = plan_for(scenario, self.steps, self.cfg.world_size)
+        skipped = {}
+        for name in names:
+            missing = unsupported_kinds(self.peers[name], plan)
+            if missing:
+                reasons = getattr(self.peers[name], "unsupported_reasons", {})
+                why = "; ".join(reasons.get(k, "") for k in reasons if k.value in missing)
+                skipped[name] = f"cannot recover from {', '.join(missing)}" \
+                    + (f": {why}" if why else "")
+        active = [n for n in names if n not in skipped]
+        reps = self.cfg.reps if scenario == "aws" else self.cfg.side_reps
+        for rep in range(reps):
+            for name in _rotated(active, rep + 1):
+                nodes = self.cfg.world_size + self.peers[name].num_spares \
+                    if scenario == "node_loss" else 0
+                wl = self._workload(base, name, f"{scenario}-rep{rep}", fault_plan=plan,
+                                    checkpoint_interval=intervals[name]["durable"],
+                                    local_interval=intervals[name]["local"], nodes=nodes)
+                self._execute(name, wl, scenario, rep)
+        return {"plan": plan, "skipped": skipped}
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _workload(self, base: Workload, name: str, label: str, **changes: Any) -> Workload:
+        self._count += 1
+        run_dir = os.path.join(self.root, "runs", f"{self._count:03d}-{name}-{label}")
+        local_root = f"/dev/shm/rrbench-{os.getpid()}-{self.size.name}-{self._count:03d}"
+        return base.with_(run_dir=run_dir, local_root=local_root, **changes)
+
+    def _execute(self, name: str, wl: Workload, phase: str, rep: int) -> dict[str, Any]:
+        self.log(f"[{self.size.name}] {name}: {phase} run {rep} ({wl.max_steps} steps, durable "
+                 f"every {wl.checkpoint_interval}, local every {wl.local_interval}, "
+                 f"{len(wl.fault_plan)} faults)")
+        record = runs.execute(name, wl, phase=phase, rep=rep, timeout_s=self.cfg.run_timeout_s)
+        self.log(f"    -> {record['status']}" + (f": {record['error']}" if record["error"] else ""))
+        self.records.append(record)
+        return record
+
+    def _score_all(self, stick: float | None, references: dict[str, dict[str, Any]]) -> None:
+        ok_ref = {m: r["run_dir"] for m, r in references.items() if r["status"] == "ok"}
+        for record in self.records:
+            name = record["mechanism"]
+            runs.score(record, stick, self.peers[name].num_spares)
+            fam = family(name)
+            family_ref = ok_ref.get(FAMILY_REFERENCE.get(fam, "")) if fam else None
+            own = ok_ref.get(name) if record["phase"] != "reference" else None
+            if record["phase"] != "calibration":
+                runs.compare(record, own=own, family=family_ref)
+            key = f"{record['run_dir'].rsplit('/', 1)[-1]}"
+            self.timelines[key] = record.pop("timeline")
+
+    def _scenario_doc(self, scenario: str, info: dict[str, Any]) -> dict[str, Any]:
+        faulty = [r for r in self.records if r["phase"] == scenario]
+        by_mech = {m: [r for r in faulty if r["mechanism"] == m] for m in self.cfg.mechanisms}
+        return {"plan": info["plan"].to_dict(), "skipped": info["skipped"],
+                "summary": {m: summarize_faulty(rs) for m, rs in by_mech.items() if rs},
+                "runs": [_row(r) for r in faulty]}
+
+    def _describe(self, name: str, unavailable: str | None) -> dict[str, Any]:
+        peer = self.peers[name]
+        return {"config": peer.config, "unavailable": unavailable, "num_spares": peer.num_spares,
+                "family": family(name), "bit_comparable": name not in NOT_BIT_COMPARABLE}
+
+
+def _row(record: dict[str, Any]) -> dict[str, Any]:
+    """A run as committed: no run folder path, no timeline."""
+    return {k: v for k, v in record.items() if k not in ("run_dir", "timeline")}

@@ -1,0 +1,116 @@
+"""docs/benchmarks.md is rendered from the committed result files, never edited by hand: the
+committed page must be exactly what the renderer produces from them; the template prose must
+say where ours loses, with the numbers of the results."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "jobs", "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+import render  # noqa: E402 - after the path set-up above
+from report import checkpoint, prose, targets  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+RESULTS = os.path.join(ROOT, "docs", "benchmarks")
+PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
+
+
+def test_the_committed_page_is_what_the_committed_results_render_to() -> None:
+    assert os.path.isdir(RESULTS), "docs/benchmarks/ holds the results behind the page"
+    with open(PAGE, encoding="utf-8") as f:
+        committed = f.read()
+    assert render.render(RESULTS) == committed
+    assert render.render(RESULTS) == render.render(RESULTS)  # deterministic
+
+
+def test_the_readme_block_is_replaced_only_between_its_markers() -> None:
+    text = f"intro\n{render.START}\nold table\n{render.END}\noutro\n"
+    assert render.replace_block(text, "new") == f"intro\n{render.START}\nnew\n{render.END}\noutro\n"
+    assert render.replace_block("no markers here\n", "new") is None
+    assert render.replace_block(f"{render.END}\n{render.START}\n", "new") is None
+
+
+def _summary(goodput: float, wall: float, exception_p50: float, sigkill_p50: float) -> dict:
+    def one(x: float) -> dict:
+        return {"median": x, "min": x, "max": x, "n": 1}
+    return {"ok": 1, "runs": 1, "statuses": ["ok"], "errors": [], "faults_planned": 2,
+            "training_goodput": one(goodput), "wall_s": one(wall), "startup_s": one(5.0),
+            "goodput_after_startup": one(goodput), "infra_goodput_per_slot": one(0.8),
+            "in_run_goodput": one(0.9), "steps_redone": one(0), "recovery_total_s":
+            one(exception_p50 + sigkill_p50), "useful_steps": one(100), "faults_fired": one(2),
+            "peak_rss_bytes": one(2**30), "cpu_s": one(100.0),
+            "recovery": {"exception": {"p50": exception_p50, "max": exception_p50, "n": 1},
+                         "sigkill": {"p50": sigkill_p50, "max": sigkill_p50, "n": 1}},
+            "bit_equal_own": {"equal": 1, "compared": 1},
+            "bit_equal_family": {"equal": 1, "compared": 1}}
+
+
+def _doc() -> dict:
+    mechanism = {"config": "c", "unavailable": None, "num_spares": 0, "family": "fsdp",
+                 "bit_comparable": True}
+    return {
+        "size": {"name": "tiny", "state_bytes_per_rank": 742272}, "max_steps": 100,
+        "quick": False, "reps": 1, "command": "cmd", "date_utc": "d", "duration_s": 1.0,
+        "yardstick": {"mechanism": "torchrun", "step_s": 0.1},
+        "mechanisms": {"ours": mechanism, "torchrun": mechanism},
+        "references": {"ours": {"steady_step_s": 0.11, "score": {}},
+                       "torchrun": {"steady_step_s": 0.1, "score": {}}},
+        "calibration": {}, "intervals": {"ours": {"durable": 5, "local": 1},
+                                         "torchrun": {"durable": 7, "local": 2}},
+        "overhead_vs_torchrun": {"ours": 0.1, "torchrun": 0.0},
+        "scenarios": {"aws": {"plan": {"faults": [{"step": 5, "rank": 1, "kind": "exception"},
+                                                  {"step": 9, "rank": 1, "kind": "sigkill"}]},
+                              "skipped": {}, "runs": [],
+                              "summary": {"ours": _summary(0.80, 20.0, 1.0, 4.0),
+                                          "torchrun": _summary(0.85, 18.0, 6.0, 7.0)}}},
+    }
+
+
+def test_the_prose_says_where_ours_loses_and_splits_the_time_gap() -> None:
+    lines = prose.where_ours_loses(_doc(), "aws")
+    assert "- training goodput: ours 80.0%, torchrun 85.0%." in lines
+    assert "- time to the last step: ours 20.0 s, torchrun 18.0 s." in lines
+    assert not any("recovery" in line for line in lines if line.startswith("- "))
+    gap = lines[-1]
+    assert "(torchrun)" in gap and "+2.0 s" in gap and "steady steps +1.0 s" in gap
+    leading = copy.deepcopy(_doc())
+    leading["scenarios"]["aws"]["summary"]["ours"] = _summary(0.9, 10.0, 0.5, 2.0)
+    leading["scenarios"]["aws"]["summary"]["ours"]["peak_rss_bytes"]["median"] = 1
+    leading["scenarios"]["aws"]["summary"]["ours"]["cpu_s"]["median"] = 1.0
+    assert prose.where_ours_loses(leading, "aws") == [
+        "Ours is ahead of every peer on every column of this table."]
+
+
+def test_targets_compare_ours_with_the_best_peer_of_each_column() -> None:
+    rows = {r[1]: r for r in targets.rows_for(_doc())}
+    assert rows["training goodput above every peer"][-1] == "missed"
+    assert rows["exception recovery p50 5x faster than the fastest peer"][2:] == [
+        "1.00 s", "6.00 s (torchrun)", "met"]
+    assert rows["sigkill recovery p50 2x faster than the fastest peer"][-1] == "missed"
+
+
+def test_the_checkpoint_section_pairs_like_with_like() -> None:
+    def row(method: str, throughput: float, persisted: float) -> dict:
+        one = {"median": throughput, "min": throughput, "max": throughput, "n": 1}
+        return {"size": "tiny", "interval": 1, "method": method, "steps": 10, "durable": True,
+                "state_mb": 0.74, "blocking_median_s": 0.001, "blocking_p99_s": 0.002,
+                "aws_efficiency": one, "throughput_efficiency": one,
+                "persisted_fraction": {**one, "median": persisted},
+                "staleness": {"steps_median": 1, "steps_p99": 2, "steps_max": 2,
+                              "seconds_median": 0.1, "seconds_p99": 0.2},
+                "held_mb": {**one, "median": 3.0}}
+    doc = {"quick": True, "command": "c", "date_utc": "d", "duration_s": 1.0, "reps": 1,
+           "rows": [row("ours_block", 0.7, 1.0), row("dcp_async", 0.9, 1.0)]}
+    text = checkpoint.section(doc)
+    assert "- ours_block vs dcp_async (both persist every save): throughput efficiency 70.0% " \
+           "vs 90.0% (ours behind)" in text
+    assert "**Quick run**" in text

@@ -1,0 +1,128 @@
+"""The benchmark's scoring, checked by hand on synthetic timelines: the shared yardstick,
+per-slot infra goodput, half-world steps, intervals from measured costs, staleness; and where
+ours stamps its saves (the library side the yardstick relies on)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from ray_resilience._internal.supervisor.recorders import TimelineRecorder
+from ray_resilience._internal.supervisor.run_record import RunRecord
+from ray_resilience.callbacks import RunStarted
+from ray_resilience.goodput import RunTimeline
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "jobs", "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+from scoring.intervals import save_costs, young_interval  # noqa: E402
+from scoring.staleness import staleness, staleness_summary  # noqa: E402
+from scoring.stats import summary  # noqa: E402
+from scoring.yardstick import score_run, steady_step_s, useful_steps, yardstick  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _timeline(step_s: float, steps: int, *, t0: float = 0.0, startup: float = 2.0,
+              world: int = 2) -> RunTimeline:
+    timeline = RunTimeline()
+    timeline.run_started(t0, world)
+    for step in range(1, steps + 1):
+        timeline.step_completed(step, t0 + startup + step * step_s, world)
+    timeline.run_finished(t0 + startup + steps * step_s, steps)
+    return timeline
+
+
+def test_one_yardstick_charges_a_slower_step_the_in_run_figure_hides() -> None:
+    fast, slow = _timeline(0.10, 100), _timeline(0.12, 100)
+    stick = yardstick({"fast": steady_step_s(fast), "slow": steady_step_s(slow), "broken": None})
+    assert stick == ("fast", pytest.approx(0.10))
+    a, b = score_run(fast, stick[1]), score_run(slow, stick[1])
+    assert a.training_goodput == pytest.approx(100 * 0.10 / 12.0)
+    assert b.training_goodput == pytest.approx(100 * 0.10 / 14.0)
+    # Against its own steady step the slow run even ranks first (start-up weighs less on it).
+    assert b.in_run_goodput > a.in_run_goodput and b.training_goodput < a.training_goodput
+    assert b.startup_s == pytest.approx(2.12) and b.wall_s == pytest.approx(14.0)
+    assert b.goodput_after_startup == pytest.approx(99 * 0.10 / (14.0 - 2.12))
+
+
+def test_infra_goodput_per_slot_charges_idle_spares() -> None:
+    timeline = _timeline(0.1, 100)
+    plain, spared = score_run(timeline, 0.1), score_run(timeline, 0.1, num_spares=1)
+    full_world = 99 * 0.1  # step 1 to step 100: the start-up stretch is not training
+    assert plain.infra_goodput_per_slot == pytest.approx(full_world / 12.0)
+    assert spared.infra_goodput_per_slot == pytest.approx(full_world / 12.0 * 2 / 3)
+
+
+def test_steps_trained_by_half_the_world_count_half() -> None:
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    for step in range(1, 5):
+        timeline.step_completed(step, float(step), 2)
+    for step in range(5, 9):  # a replica is down: the survivor trains alone
+        timeline.step_completed(step, float(step), 1)
+    timeline.step_completed(8, 9.0, 2)  # retrained with the full world: it counts fully
+    timeline.run_finished(9.0, 8)
+    assert useful_steps(timeline) == pytest.approx(4 + 3 * 0.5 + 1)
+
+
+def test_recovery_is_grouped_by_fault_kind() -> None:
+    timeline = _timeline(0.1, 50)
+    timeline.fault_detected("f1", t_fault=3.0, t_detect=3.1, step_at_fault=10, rank=1,
+                            cause="process_killed", kind="sigkill")
+    timeline.recovery_done("f1", 4.0, resumed_from_step=8)
+    score = score_run(timeline, 0.1)
+    assert score.recovery_s == {"sigkill": [pytest.approx(1.0)]}
+    assert score.recovery_total_s == pytest.approx(1.0) and score.steps_redone == 2
+
+
+def test_young_interval_from_cost_step_and_mtbf() -> None:
+    # sqrt(2 x (0.2 s / 0.05 s) x (200 / 5)) = sqrt(320) = 17.9 -> 18 steps.
+    assert young_interval(0.2, 0.05, 200, 5) == 18
+    assert young_interval(0.0, 0.05, 200, 5) == 1  # free saves: every step
+    assert young_interval(20.0, 0.05, 200, 5) == 50  # at most a quarter of the run
+    assert young_interval(0.2, 0.05, 200, 0) == 50
+    assert young_interval(0.008, 0.05, 200, 5) == 4  # a cheap local tier: every few steps
+
+
+def test_save_costs_are_the_excess_wall_per_durable_save_and_the_local_blocking() -> None:
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    t = 1.0
+    for step in range(1, 21):
+        t += 0.1 + (0.5 if step in (6, 11, 16) else 0.0)  # the step after each save is slower
+        timeline.step_completed(step, t, 2)
+        timeline.checkpoint_saved(step, t, 0.01, tier="local")
+        if step % 5 == 0:
+            timeline.checkpoint_saved(step, t, 0.05, tier=None)
+    durable, local = save_costs(timeline, steady_s=0.1)
+    assert durable == pytest.approx(0.5) and local == pytest.approx(0.01)
+
+
+def test_staleness_is_the_age_of_the_newest_durable_checkpoint_at_each_step() -> None:
+    steps = [(s, 10.0 + s) for s in range(1, 9)]
+    commits = [(2, 13.5), (4, 16.2), (3, 16.3)]  # step 3 committed after 4: 4 stays newest
+    ages = staleness(steps, commits, t_start=10.0)
+    assert ages == [(1, 1.0), (2, 2.0), (3, 3.0), (2, 2.0), (3, 3.0), (4, 4.0), (3, 3.0),
+                    (4, 4.0)]
+    assert staleness_summary(ages)["steps_max"] == 4
+    assert summary([0.5, None, 0.7, 0.6]) == {"median": 0.6, "min": 0.5, "max": 0.7, "n": 3}
+
+
+def test_ours_local_saves_land_in_the_step_interval_they_happened_in() -> None:
+    """Each rank sends its save's own time; the supervisor stamps the timeline with the
+    latest rank's, not with the time the heartbeat carrying it was sent."""
+    recorder = TimelineRecorder()  # fed synchronously here; the supervisor queues the events
+    record = RunRecord(world_size=2, emit=lambda event: getattr(recorder, event.hook)(event))
+    recorder.on_run_start(RunStarted(run_name="r", world_size=2, start_step=0, t=100.0))
+    record.add_saves(0, [(5, 0.002, "local", 100.51)], t=100.75)
+    record.add_saves(0, [(5, 0.003, "local", 100.52), (5, 0.01, None, 100.52)], t=100.8)
+    record.add_saves(0, [(5, 0.02, None, 100.53)], t=100.9)
+    stamped = [(s.step, s.t, s.blocking_s, s.tier) for s in recorder.timeline.saves]
+    assert stamped == [(5, 100.52, 0.003, "local"), (5, 100.53, 0.02, None)]
+    record.add_saves(1, [(6, 0.004), (6, 0.005)], t=101.0)  # an old sender without times
+    assert recorder.timeline.saves[-1].t == 101.0
