@@ -103,7 +103,8 @@ def test_context_and_env_vars(ray_session, tmp_path):
 
     result = rr.ResilientTrainer(
         loop, scaling_config=rr.ScalingConfig(num_workers=2),
-        run_config=rr.RunConfig(name="ctx", storage_path=str(tmp_path), verbose=False)).fit()
+        run_config=rr.RunConfig(name="ctx", storage_path=str(tmp_path), verbose=False),
+        resilience=rr.ResilienceConfig.disabled()).fit()  # no checkpoint service to start
     assert result.ok, result.error
     for rank, value in enumerate(result.return_values):
         assert value["rank"] == rank and value["world"] == 2 and value["local"] == rank
