@@ -5,26 +5,37 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
-from collections.abc import Callable, Sequence
+import urllib.parse
 from typing import Any
 
+from ray_resilience import _validate as check
 from ray_resilience.callbacks import Callback
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
 from ray_resilience.policy.base import RecoveryPolicy
-from ray_resilience.policy.parts import Compose, FaultCounter, MaxAttempts, NoProgressLimit
-from ray_resilience.policy.state import RecoveryState
+from ray_resilience.restart_config import InJobConfig, InProcessConfig
+from ray_resilience.testing.faults import FaultPlan
+from ray_resilience.timeouts import AdaptiveTimeouts
 
+DEFAULT_CHECKPOINT_INTERVAL_STEPS = 100
+"""`ResilienceConfig.default()`'s storage commit interval (the local tier saves every step)."""
+HEARTBEATS_PER_TIMEOUT = 4
+"""`InJobConfig.heartbeat_timeout_s` spans at least this many progress intervals."""
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def _positive(field: str, value: float, *, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(field, value, f"must be {bound}.")
+def _check_storage_path(path: Any) -> None:
+    fix = "give a local/FSx directory or a URI with its bucket, e.g. s3://bucket/prefix."
+    if not isinstance(path, str) or not path or path != path.strip():
+        raise ConfigError("RunConfig.storage_path", path, fix)
+    if "://" in path:
+        uri = urllib.parse.urlparse(path)
+        if uri.scheme != "file" and not uri.netloc:
+            raise ConfigError("RunConfig.storage_path", path, f"names no bucket or host; {fix}")
 
 
 def _check_picklable(field: str, value: object) -> None:
@@ -53,16 +64,14 @@ class ScalingConfig:
     """Placement group strategy for the ranks' bundles."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise ConfigError("ScalingConfig.num_workers", self.num_workers,
-                              "must be an integer >= 1 (one rank per worker actor).")
-        if self.placement_strategy not in _PLACEMENT_STRATEGIES:
-            raise ConfigError("ScalingConfig.placement_strategy", self.placement_strategy,
-                              f"must be one of {_PLACEMENT_STRATEGIES}.")
-        for name, amount in (self.resources_per_worker or {}).items():
-            if not isinstance(amount, (int, float)) or amount < 0:
-                raise ConfigError(f"ScalingConfig.resources_per_worker[{name!r}]", amount,
-                                  "must be a number >= 0.")
+        check.integer("ScalingConfig.num_workers", self.num_workers, minimum=1,
+                      fix="One rank per worker actor.")
+        check.boolean("ScalingConfig.use_gpu", self.use_gpu)
+        check.choice("ScalingConfig.placement_strategy", self.placement_strategy,
+                     _PLACEMENT_STRATEGIES)
+        if self.resources_per_worker is not None:
+            check.number_map("ScalingConfig.resources_per_worker", self.resources_per_worker,
+                             minimum=0, fix="Give Ray resource amounts >= 0.")
         gpus = (self.resources_per_worker or {}).get("GPU", 0)
         if gpus and not self.use_gpu:
             raise ConfigError("ScalingConfig.resources_per_worker['GPU']", gpus,
@@ -99,13 +108,17 @@ class RunConfig:
     """`ray_resilience.callbacks.Callback`s run in the supervisor actor on run events."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _RUN_NAME.match(self.name):
+        if not isinstance(self.name, str) or not _RUN_NAME.fullmatch(self.name):
             raise ConfigError("RunConfig.name", self.name,
                               "use 1-128 characters from letters, digits, '.', '_' and '-', "
                               "starting with a letter or digit (it becomes a folder name).")
-        if not isinstance(self.storage_path, str) or not self.storage_path:
-            raise ConfigError("RunConfig.storage_path", self.storage_path,
-                              "give a local/FSx directory or an s3://bucket/prefix URI.")
+        _check_storage_path(self.storage_path)
+        if self.storage_filesystem is not None:
+            import pyarrow.fs  # noqa: PLC0415 - only when a filesystem is given
+
+            check.instance("RunConfig.storage_filesystem", self.storage_filesystem,
+                           pyarrow.fs.FileSystem, optional=True)
+        check.boolean("RunConfig.verbose", self.verbose)
         if not isinstance(self.callbacks, (list, tuple)):
             raise ConfigError("RunConfig.callbacks", self.callbacks, "must be a list of Callbacks.")
         for i, callback in enumerate(self.callbacks):
@@ -118,16 +131,17 @@ class RunConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class ResilienceConfig:
-    """How faults are detected and repaired; the default repairs nothing."""
+    """How faults are detected and repaired. `ResilienceConfig()` repairs nothing;
+    `ResilientTrainer` without `resilience=` uses `ResilienceConfig.default()`."""
 
-    in_process: Any = None
-    """InProcessConfig: restart the train function in the same processes (None: off)."""
-    in_job: Any = None
-    """InJobConfig: replace dead or stuck ranks' actors (None: off)."""
-    checkpoint: Any = None
-    """CheckpointConfig: async checkpoints through writer actors (None: no checkpoints)."""
-    fault_plan: Any = None
-    """FaultPlan: faults to inject (tests and benchmarks)."""
+    in_process: InProcessConfig | None = None
+    """Restart the train function in the same processes (None: off)."""
+    in_job: InJobConfig | None = None
+    """Replace dead or stuck ranks' actors (None: off)."""
+    checkpoint: CheckpointConfig | None = None
+    """Async checkpoints through writer actors (None: no checkpoints)."""
+    fault_plan: FaultPlan | None = None
+    """Faults to inject (tests and benchmarks)."""
     first_step_timeout_s: float = 600.0
     """Longest silence before the first step of an attempt (model build, checkpoint load)."""
     step_timeout_s: float = 120.0
@@ -142,47 +156,36 @@ class ResilienceConfig:
     """How long to wait for the placement group before failing with the resources missing."""
     phase_timeouts_s: dict[str, float] = dataclasses.field(default_factory=dict)
     """Silence allowed inside a user-marked phase (`with ray_resilience.phase("validation")`)."""
-    adaptive_timeouts: Any = None
-    """AdaptiveTimeouts: learn the hang timeouts from the intervals observed (None: fixed)."""
+    adaptive_timeouts: AdaptiveTimeouts | None = None
+    """Learn the hang timeouts from the intervals observed (None: fixed)."""
     recovery_policy: RecoveryPolicy | None = None
     """Decides what to do about each fault (None: `DefaultRecoveryPolicy` over the two rungs)."""
 
     def __post_init__(self) -> None:
-        for name in ("first_step_timeout_s", "step_timeout_s", "progress_interval_s",
-                     "monitor_interval_s", "process_group_timeout_s", "placement_timeout_s"):
-            _positive(f"ResilienceConfig.{name}", getattr(self, name))
-        for name, value in self.phase_timeouts_s.items():
-            _positive(f"ResilienceConfig.phase_timeouts_s[{name!r}]", value)
-        if self.progress_interval_s >= self.step_timeout_s:
-            raise ConfigError(
-                "ResilienceConfig.progress_interval_s", self.progress_interval_s,
-                f"must be shorter than step_timeout_s={self.step_timeout_s}, otherwise every "
-                "rank looks hung between two progress reports.")
-        if self.step_timeout_s > self.first_step_timeout_s:
-            raise ConfigError(
-                "ResilienceConfig.step_timeout_s", self.step_timeout_s,
-                f"must be <= first_step_timeout_s={self.first_step_timeout_s}: the first step "
-                "of an attempt includes model build and checkpoint load.")
-        if self.process_group_timeout_s <= self.step_timeout_s:
-            raise ConfigError(
-                "ResilienceConfig.process_group_timeout_s", self.process_group_timeout_s,
-                f"must be longer than step_timeout_s={self.step_timeout_s}: the supervisor "
-                "must see a hang before torch.distributed times out.")
+        for name, kind, example in _NESTED:
+            check.instance(f"ResilienceConfig.{name}", getattr(self, name), kind, optional=True,
+                           fix=f"Pass {example}, or None.")
+        for name in _TIMEOUTS:
+            check.seconds(f"ResilienceConfig.{name}", getattr(self, name))
+        check.number_map("ResilienceConfig.phase_timeouts_s", self.phase_timeouts_s, above=0,
+                         fix="Map phase names to seconds, e.g. {'validation': 600.0}.")
+        _check_timing(self)
+        _check_timeout_names(self)
         if self.recovery_policy is not None:
-            if not isinstance(self.recovery_policy, RecoveryPolicy):
-                raise ConfigError("ResilienceConfig.recovery_policy", self.recovery_policy,
-                                  "must be a ray_resilience.policy.RecoveryPolicy (subclass it and "
-                                  "implement decide), or None for the default ladder.")
+            check.instance("ResilienceConfig.recovery_policy", self.recovery_policy,
+                           RecoveryPolicy, fix="Subclass ray_resilience.policy.RecoveryPolicy "
+                                               "and implement decide, or pass None for the "
+                                               "default ladder.")
             _check_picklable("ResilienceConfig.recovery_policy", self.recovery_policy)
 
     @classmethod
     def disabled(cls, **kwargs: Any) -> ResilienceConfig:
-        """No restarts: the first fault fails the run."""
+        """No restarts and no checkpoints: the first fault fails the run."""
         return cls(in_process=None, in_job=None, **kwargs)
 
     @classmethod
-    def default(cls, *, checkpoint_interval: int = 0, fault_plan: Any = None,
-                **kwargs: Any) -> ResilienceConfig:
+    def default(cls, *, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL_STEPS,
+                fault_plan: FaultPlan | None = None, **kwargs: Any) -> ResilienceConfig:
         """Every rung on: in-process restart, respawn, a committed checkpoint every
         `checkpoint_interval` steps (0: none) and the local tier at every step."""
         kwargs.setdefault("in_process", InProcessConfig())
@@ -191,95 +194,73 @@ class ResilienceConfig:
         return cls(fault_plan=fault_plan, **kwargs)
 
 
-def _check(field: str, value: Any, minimum: float, fix: str, *, integer: bool = False) -> None:
-    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
-    if bad_type or value < minimum:
-        raise ConfigError(field, value, fix)
+_NESTED = (("in_process", InProcessConfig, "InProcessConfig(...)"),
+           ("in_job", InJobConfig, "InJobConfig(...)"),
+           ("checkpoint", CheckpointConfig, "CheckpointConfig(interval_steps=...)"),
+           ("fault_plan", FaultPlan, "FaultPlan.explicit([...])"),
+           ("adaptive_timeouts", AdaptiveTimeouts, "AdaptiveTimeouts(...)"))
+_TIMEOUTS = ("first_step_timeout_s", "step_timeout_s", "progress_interval_s",
+             "monitor_interval_s", "process_group_timeout_s", "placement_timeout_s")
 
 
-@dataclasses.dataclass(kw_only=True)
-class InProcessConfig:
-    """Rung 1: on an exception or a Python-level hang, every rank keeps its process and the
-    train function is re-entered from the newest checkpoint."""
+def _check_timing(cfg: ResilienceConfig) -> None:
+    """Intervals shorter than the timeouts they feed; the supervisor's timeouts shorter than
+    torch.distributed's backstop."""
+    if cfg.progress_interval_s >= cfg.step_timeout_s:
+        raise ConfigError(
+            "ResilienceConfig.progress_interval_s", cfg.progress_interval_s,
+            f"must be shorter than step_timeout_s={cfg.step_timeout_s}, otherwise every "
+            "rank looks hung between two progress reports.")
+    if cfg.monitor_interval_s >= cfg.step_timeout_s:
+        raise ConfigError("ResilienceConfig.monitor_interval_s", cfg.monitor_interval_s,
+                          f"must be shorter than step_timeout_s={cfg.step_timeout_s}.")
+    if cfg.step_timeout_s > cfg.first_step_timeout_s:
+        raise ConfigError(
+            "ResilienceConfig.step_timeout_s", cfg.step_timeout_s,
+            f"must be <= first_step_timeout_s={cfg.first_step_timeout_s}: the first step "
+            "of an attempt includes model build and checkpoint load.")
+    if cfg.process_group_timeout_s <= cfg.step_timeout_s:
+        raise ConfigError(
+            "ResilienceConfig.process_group_timeout_s", cfg.process_group_timeout_s,
+            f"must be longer than step_timeout_s={cfg.step_timeout_s}: the supervisor "
+            "must see a hang before torch.distributed times out.")
+    heartbeat = cfg.in_job.heartbeat_timeout_s if cfg.in_job is not None else None
+    if heartbeat is not None and heartbeat < HEARTBEATS_PER_TIMEOUT * cfg.progress_interval_s:
+        raise ConfigError(
+            "InJobConfig.heartbeat_timeout_s", heartbeat,
+            f"must span at least {HEARTBEATS_PER_TIMEOUT} progress intervals "
+            f"(ResilienceConfig.progress_interval_s={cfg.progress_interval_s}): one late "
+            "heartbeat would otherwise count as a dead rank. Raise it or send progress more "
+            "often.")
+    for name, limit in cfg.phase_timeouts_s.items():
+        field = f"ResilienceConfig.phase_timeouts_s[{name!r}]"
+        if limit <= cfg.progress_interval_s:
+            raise ConfigError(field, limit, f"must be longer than progress_interval_s="
+                                            f"{cfg.progress_interval_s}.")
+        if limit >= cfg.process_group_timeout_s:
+            raise ConfigError(field, limit, f"must be shorter than process_group_timeout_s="
+                                            f"{cfg.process_group_timeout_s}: peers wait for a "
+                                            "rank in this phase inside a collective.")
 
-    max_restarts: int = 20
-    """In-process restarts allowed in one run."""
-    max_attempts_without_progress: int = 3
-    """Stop when this many attempts in a row complete no new step (restart storm)."""
-    interrupt_timeout_s: float = 10.0
-    """Hard timeout: how long an interrupted rank may take to unwind before it is respawned."""
-    barrier_timeout_s: float = 60.0
-    """How long the new attempt's rendezvous may take."""
-    health_check: Callable[[RecoveryState], Sequence[int]] = dataclasses.field(
-        default_factory=lambda: Compose(FaultCounter()))
-    """Ranks that must not keep their process (they are respawned when InJobConfig allows)."""
-    retry_limit: Callable[[RecoveryState], Sequence[tuple[str, int]]] | None = None
-    """Reasons to stop; default: MaxAttempts(max_restarts) + NoProgressLimit(...)."""
 
-    def __post_init__(self) -> None:
-        _check("InProcessConfig.max_restarts", self.max_restarts, 0,
-               "must be an integer >= 0 (0 turns in-process restart off).", integer=True)
-        _check("InProcessConfig.max_attempts_without_progress", self.max_attempts_without_progress,
-               1, "must be an integer >= 1.", integer=True)
-        _check("InProcessConfig.interrupt_timeout_s", self.interrupt_timeout_s, 0.1,
-               "must be >= 0.1 s: ranks need time to unwind after an abort.")
-        _check("InProcessConfig.barrier_timeout_s", self.barrier_timeout_s, 1.0, "must be >= 1 s.")
-        if self.retry_limit is None:
-            self.retry_limit = Compose(
-                MaxAttempts(self.max_restarts),
-                NoProgressLimit(self.max_attempts_without_progress))
+def _check_timeout_names(cfg: ResilienceConfig) -> None:
+    """Phase names that spell a built-in timeout are refused (they would override it
+    silently); pinned names must name a timeout that exists."""
+    for name in cfg.phase_timeouts_s:
+        built_in = name.lower().replace("-", "_").replace(" ", "_")
+        if built_in in _BUILT_IN:
+            raise ConfigError(f"ResilienceConfig.phase_timeouts_s[{name!r}]", name,
+                              f"is the built-in {built_in!r} timeout: set "
+                              f"ResilienceConfig.{built_in}_timeout_s instead.")
+    if cfg.adaptive_timeouts is None:
+        return
+    known = (*_BUILT_IN, *cfg.phase_timeouts_s)
+    for name in sorted(cfg.adaptive_timeouts.pinned - set(known)):
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ConfigError("AdaptiveTimeouts.pinned", name,
+                          f"names no timeout; {hint}pin one of {sorted(known)} (a phase needs "
+                          "an entry in ResilienceConfig.phase_timeouts_s).")
 
 
-RESPAWN_POLICIES = ("replace-failed", "all")
-
-
-@dataclasses.dataclass(kw_only=True)
-class InJobConfig:
-    """Rung 2: dead or stuck ranks get new actors in the same placement group;
-    `replace-failed` replaces only them, `all` every rank."""
-
-    policy: str = "replace-failed"
-    """"replace-failed" | "all"."""
-    max_restarts: int = 10
-    """Respawns allowed in one run."""
-    max_attempts_without_progress: int = 3
-    """Stop when this many respawns in a row complete no new step."""
-    num_spares: int = 0
-    """Warm spare actors started ahead of time; a replacement then skips process start-up."""
-    num_prestarted_workers: int = 1
-    """Ray worker processes kept booted (and importing torch at idle priority) on each node
-    hosting ranks, for respawns without a spare; about 0.4 GB each. 0: off."""
-    heartbeat_timeout_s: float = 10.0
-    """A rank whose side thread sent nothing for this long is dead (frozen, node lost)."""
-    replacement_timeout_s: float = 300.0
-    """How long to wait for capacity for a replacement."""
-    min_workers: int | None = None
-    """Continue with fewer ranks (down to this many) when replacements find no capacity
-    in time; the checkpoint is loaded resharded. None: never shrink."""
-    max_node_faults: int | None = None
-    """Exclude a node after more than this many faults lost or hung a rank's process on it;
-    its ranks move elsewhere. None: never."""
-
-    def __post_init__(self) -> None:
-        if self.policy not in RESPAWN_POLICIES:
-            raise ConfigError("InJobConfig.policy", self.policy,
-                              f"must be one of {RESPAWN_POLICIES}.")
-        _check("InJobConfig.max_restarts", self.max_restarts, 0, "must be an integer >= 0.",
-               integer=True)
-        _check("InJobConfig.max_attempts_without_progress", self.max_attempts_without_progress, 1,
-               "must be an integer >= 1.", integer=True)
-        _check("InJobConfig.num_spares", self.num_spares, 0, "must be an integer >= 0.",
-               integer=True)
-        _check("InJobConfig.num_prestarted_workers", self.num_prestarted_workers, 0,
-               "must be an integer >= 0 (0: no prestarted worker processes).", integer=True)
-        _check("InJobConfig.heartbeat_timeout_s", self.heartbeat_timeout_s, 0.5,
-               "must be >= 0.5 s (several progress intervals).")
-        _check("InJobConfig.replacement_timeout_s", self.replacement_timeout_s, 1.0,
-               "must be >= 1 s.")
-        if self.min_workers is not None:
-            _check("InJobConfig.min_workers", self.min_workers, 1,
-                   "must be an integer >= 1, or None to never shrink the world.", integer=True)
-        if self.max_node_faults is not None:
-            _check("InJobConfig.max_node_faults", self.max_node_faults, 1,
-                   "must be an integer >= 1 (faults a node may host before it is excluded), "
-                   "or None to never exclude nodes.", integer=True)
+_BUILT_IN = ("step", "first_step")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,6 +42,12 @@ class TrainContext:
     def get_local_rank(self) -> int:
         return self.local_rank
 
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.node_rank
+
 
 @dataclasses.dataclass
 class CheckpointState:
@@ -64,6 +73,8 @@ class _Session:
         self.pending: list[dict[str, Any]] = []
         self.step: int | None = None
         self.step_time: float | None = None
+        self.restored_step: int | None = None
+        """The step `load_checkpoint` restored: `report()` without a step counts on from it."""
         self.checkpoint_blocking_s: list[tuple[int, float, str | None, float]] = []
         """(step, blocking seconds, tier, when the save returned): stamped with its own time so
         the timeline charges it to the step interval it happened in."""
@@ -117,11 +128,20 @@ def get_context() -> TrainContext:
     return _require_session("get_context").context
 
 
-def report(metrics: dict[str, Any], *, step: int,
+def report(metrics: dict[str, Any], *, step: int | None = None,
            checkpoint: CheckpointState | None = None) -> None:
     """Records that `step` completed with `metrics`, once per step after the optimizer step; saves
-    a checkpoint on checkpoint steps (see `CheckpointConfig.snapshot` for what it waits for)."""
+    a checkpoint on checkpoint steps (see `CheckpointConfig.snapshot` for what it waits for).
+
+    Without `step`, this rank counts calls: the step after the one it reported last, or after
+    the step `load_checkpoint` restored, or 1. Checkpoint steps must be the same on every rank,
+    so ranks that report at different cadences pass `step` explicitly."""
     session = _require_session("report")
+    if step is None:
+        last = session.step if session.step is not None else session.restored_step
+        step = (last or 0) + 1
+    if checkpoint is not None:
+        _say_if_not_saved(session, int(step))
     now = time.time()
     record = {**metrics, "step": int(step), "rank": session.context.world_rank, "time": now}
     if session.checkpointer is not None:
@@ -146,6 +166,33 @@ def report(metrics: dict[str, Any], *, step: int,
         session.faults("step", int(step))
 
 
+def _say_if_not_saved(session: _Session, step: int) -> None:
+    """Logs once per process when a checkpoint passed to `report` is not saved at this step."""
+    checkpointer = session.checkpointer
+    if checkpointer is None:
+        key, why = "off", ("report(checkpoint=...) saves nothing: checkpointing is off "
+                           "(ResilienceConfig.checkpoint=None)")
+    elif checkpointer.config.is_save_step(step):
+        return
+    else:
+        config = checkpointer.config
+        every = (f"commits only steps divisible by {config.interval_steps}"
+                 if config.interval_steps else "commits nothing to storage")
+        local = (f"; the local tier keeps every {config.local_interval_steps} step(s) on this "
+                 "node" if config.local_interval_steps else "")
+        key, why = "interval", (
+            f"report(checkpoint=...) at step {step} is not committed to storage: "
+            f"CheckpointConfig.interval_steps={config.interval_steps} {every}{local}. Passing "
+            "the state at every step is fine: the interval picks the steps")
+    if key not in _said:
+        _said.add(key)
+        log.warning("%s (said once per process).", why)
+
+
+_said: set[str] = set()
+"""What `_say_if_not_saved` has logged in this process."""
+
+
 def load_checkpoint(*, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None) -> Any:
     """Restores the newest checkpoint into freshly built objects, on every rank. Returns a
@@ -155,6 +202,7 @@ def load_checkpoint(*, model: torch.nn.Module,
         return None
     t0 = time.time()
     loaded = session.checkpointer.load(model=model, optimizer=optimizer)
+    session.restored_step = getattr(loaded, "step", None)
     with session.lock:
         session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
                                "rank": session.context.world_rank,

@@ -5,6 +5,7 @@ All derive from `ResilienceError` (config errors also from `ValueError`) and pic
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class ResilienceError(Exception):
@@ -131,3 +132,41 @@ def _rebuild_restart_error(setting, limit, causes, ranks, last_error):
 
 class RunAbortedError(ResilienceError):
     """The run was stopped from the driver (Ctrl-C in `fit()`)."""
+
+
+class WorkerStartupError(ResilienceError):
+    """A rank's actor could not start (its train function or config did not unpickle there, or
+    Ray could not create the actor): the run ends before any step, naming rank, node and cause."""
+
+    def __init__(self, *, rank: int, node: str, exc_type: str, message: str, fix: str,
+                 traceback: str = "") -> None:
+        self.rank, self.node, self.exc_type, self.message = rank, node, exc_type, message
+        self.fix, self.traceback = fix, traceback
+        super().__init__(f"rank {rank} could not start on node {node}: {exc_type}: {message}. "
+                         f"{fix}" + (f"\nTraceback from rank {rank}:\n{traceback.rstrip()}"
+                                     if traceback else ""))
+
+    def __reduce__(self):
+        return (_rebuild_startup_error, (self.rank, self.node, self.exc_type, self.message,
+                                         self.fix, self.traceback))
+
+
+def _rebuild_startup_error(rank, node, exc_type, message, fix, traceback):
+    return WorkerStartupError(rank=rank, node=node, exc_type=exc_type, message=message, fix=fix,
+                              traceback=traceback)
+
+
+class TrainingFailedError(ResilienceError):
+    """Raised by `ResilientTrainer.fit()` when the run failed (Ray Train raises its namesake):
+    `result` is the run's `Result`, `error` (also `__cause__`) the error that ended it.
+    `fit(raise_on_failure=False)` returns the failed `Result` instead."""
+
+    def __init__(self, result: Any) -> None:
+        self.result, self.error = result, result.error
+        cause = self.error
+        super().__init__(
+            f"training run at {result.path} {result.state} after {result.attempts} attempt(s): "
+            f"{type(cause).__name__}: {cause}")
+
+    def __reduce__(self):
+        return (type(self), (self.result,))

@@ -5,10 +5,11 @@ multiple of the longest interval seen, never below a floor; every change is logg
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import threading
 
-from ray_resilience.errors import ConfigError
+from ray_resilience import _validate as check
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +32,12 @@ class AdaptiveTimeouts:
     """Names that keep their configured value: "step", "first_step", or a phase name."""
 
     def __post_init__(self) -> None:
-        if self.multiplier < 1.5:
-            raise ConfigError("AdaptiveTimeouts.multiplier", self.multiplier,
-                              "must be >= 1.5: a timeout at the worst observed interval kills "
-                              "healthy runs.")
+        check.number("AdaptiveTimeouts.multiplier", self.multiplier, minimum=1.5,
+                     fix="A timeout at the worst observed interval kills healthy runs.")
         for name in ("step_floor_s", "first_step_floor_s", "phase_floor_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"AdaptiveTimeouts.{name}", getattr(self, name), "must be > 0.")
-        if self.min_samples < 1:
-            raise ConfigError("AdaptiveTimeouts.min_samples", self.min_samples, "must be >= 1.")
-        self.pinned = frozenset(self.pinned)
+            check.seconds(f"AdaptiveTimeouts.{name}", getattr(self, name))
+        check.integer("AdaptiveTimeouts.min_samples", self.min_samples, minimum=1)
+        self.pinned = check.string_set("AdaptiveTimeouts.pinned", self.pinned)
 
     def floor(self, name: str) -> float:
         return {"step": self.step_floor_s, "first_step": self.first_step_floor_s}.get(
@@ -53,14 +50,24 @@ class LearnedTimeouts:
     def __init__(self, *, step_s: float, first_step_s: float, phases_s: dict[str, float],
                  adaptive: AdaptiveTimeouts | None) -> None:
         self._values = {"step": step_s, "first_step": first_step_s, **phases_s}
+        self._phases = tuple(phases_s)
+        self._unknown: set[str] = set()
         self._adaptive = adaptive
         self._worst: dict[str, float] = {}
         self._count: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def limit(self, name: str) -> float:
-        """The timeout for `name`; an unknown phase falls back to the steady-step timeout."""
+        """The timeout for `name`; an unknown phase falls back to the steady-step timeout (and
+        is logged once, with the configured name it may be a misspelling of)."""
         with self._lock:
+            if name not in self._values and name not in self._unknown:
+                self._unknown.add(name)
+                near = difflib.get_close_matches(name, self._phases, n=1, cutoff=0.6)
+                if near:
+                    log.warning("phase %r has no timeout of its own, so the step timeout applies; "
+                                "ResilienceConfig.phase_timeouts_s has %r: a misspelling?",
+                                name, near[0])
             return self._values.get(name, self._values["step"])
 
     def observe(self, name: str, seconds: float) -> None:

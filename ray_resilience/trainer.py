@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_resilience._internal import run_folder
+from ray_resilience._internal import pickle_check, ray_train, run_folder
 from ray_resilience._internal.constants import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     SUPERVISOR_MAX_CONCURRENCY,
@@ -23,7 +24,7 @@ from ray_resilience._internal.supervisor.outcome import RunOutcome
 from ray_resilience._internal.supervisor.supervisor import Supervisor
 from ray_resilience._internal.worker_group.resources import check_cluster_can_host
 from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
-from ray_resilience.errors import ConfigError
+from ray_resilience.errors import ConfigError, TrainingFailedError
 from ray_resilience.result import Result
 
 log = logging.getLogger(__name__)
@@ -33,22 +34,33 @@ class ResilientTrainer:
     """Runs `train_loop_per_worker` on `scaling_config.num_workers` ranks and keeps it running.
 
     The train function takes no argument or one (`train_loop_config`). Inside it, use
-    `ray_resilience.get_context()`, `report()` and `load_checkpoint()`.
+    `ray_resilience.get_context()`, `report()` and `load_checkpoint()`. `scaling_config` and
+    `run_config` may be ours or Ray Train's (`ray.train.ScalingConfig`, `ray.train.RunConfig`
+    with its `FailureConfig` and `CheckpointConfig`; see docs/ray_train_port.md). Without
+    `resilience`, the run is resilient: `ResilienceConfig.default()` (every rung, a committed
+    checkpoint every 100 steps, the local tier every step); `ResilienceConfig.disabled()`
+    turns that off.
     """
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
                  train_loop_config: dict[str, Any] | None = None,
-                 scaling_config: ScalingConfig | None = None,
-                 run_config: RunConfig | None = None,
+                 scaling_config: ScalingConfig | Any | None = None,
+                 run_config: RunConfig | Any | None = None,
                  resilience: ResilienceConfig | None = None) -> None:
         if not callable(train_loop_per_worker):
             raise ConfigError("train_loop_per_worker", train_loop_per_worker,
                               "pass the function each rank runs.")
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise ConfigError("train_loop_config", train_loop_config,
+                              f"got a {type(train_loop_config).__name__}, expected a dict.")
         self._fn, self._config = train_loop_per_worker, train_loop_config
-        self.scaling_config = scaling_config or ScalingConfig()
-        self.run_config = run_config or RunConfig()
-        self.resilience = resilience or ResilienceConfig()
+        adopted = ray_train.adopt(scaling_config, run_config, resilience)
+        self.scaling_config, self.run_config = adopted.scaling, adopted.run
+        self.resilience = adopted.resilience
         self._validate_plan()
+        # Pickled now: what cannot travel to the ranks is named here, before any actor starts.
+        self._fn_bytes = pickle_check.dumps("train_loop_per_worker", train_loop_per_worker)
+        pickle_check.dumps("train_loop_config", train_loop_config)
 
     def _validate_plan(self) -> None:
         in_job = self.resilience.in_job
@@ -67,8 +79,11 @@ class ResilientTrainer:
                 "(see tests/support/node_loss_run.py and tests/ray/test_checkpoint_faults.py), "
                 "not by the trainer; keep them out of the plan given to ResilientTrainer.")
 
-    def fit(self) -> Result:
-        """Runs to completion (or failure) and returns the `Result`. Starts Ray if needed."""
+    def fit(self, *, raise_on_failure: bool = True) -> Result:
+        """Runs to completion and returns the `Result`; starts Ray if needed. A failed run raises
+        `TrainingFailedError` (carrying the `Result`; also a `ray.train.TrainingFailedError` once
+        the driver imported `ray.train`), or with `raise_on_failure=False` returns the failed
+        `Result` (`result.error` holds the cause)."""
         if not ray.is_initialized():
             ray.init()
         in_job = self.resilience.in_job
@@ -85,6 +100,8 @@ class ResilientTrainer:
         write_run_artifacts(fs, run_path, result)
         if self.run_config.verbose:
             ProgressDisplay(self.run_config.name).summary(result)
+        if result.error is not None and raise_on_failure:
+            raise _failed_error(result) from result.error
         return result
 
     def _start_supervisor(self, run_dir: str) -> Any:
@@ -107,7 +124,7 @@ class ResilientTrainer:
             runtime_env={"env_vars": env} if env else None,
         ).remote(
             # Bytes: only the ranks unpickle the train function (and import what it needs).
-            train_fn=ray.cloudpickle.dumps(self._fn), train_config=self._config,
+            train_fn=self._fn_bytes, train_config=self._config,
             scaling=self.scaling_config,
             resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
             env_vars=env, storage_path=self.run_config.storage_path,
@@ -136,3 +153,12 @@ class ResilientTrainer:
             return RunOutcome.lost_supervisor(exc)
         finally:
             ray.kill(supervisor, no_restart=True)
+
+
+def _failed_error(result: Result) -> TrainingFailedError:
+    """Ray Train's exception type too when the driver uses Ray Train (`ray.train` imported)."""
+    if "ray.train" in sys.modules:
+        from ray_resilience._internal.ray_train_error import RayTrainingFailedError  # noqa: PLC0415 - imports ray.train, already loaded here
+
+        return RayTrainingFailedError(result)
+    return TrainingFailedError(result)

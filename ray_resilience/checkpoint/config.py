@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Literal
 
+from ray_resilience import _validate as check
 from ray_resilience.errors import ConfigError
 
 InFlightPolicy = Literal["coalesce", "skip", "block"]
@@ -80,23 +81,16 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         self._check_int("interval_steps", minimum=0, fix="use 0 to turn periodic saves off.")
-        if self.in_flight_policy not in IN_FLIGHT_POLICIES:
-            raise ConfigError("CheckpointConfig.in_flight_policy", self.in_flight_policy,
-                              f"must be one of {IN_FLIGHT_POLICIES}; 'coalesce' never blocks "
-                              "training.")
-        if self.snapshot not in SNAPSHOT_MODES:
-            raise ConfigError("CheckpointConfig.snapshot", self.snapshot,
-                              f"must be one of {SNAPSHOT_MODES}; 'sync' if the loop changes "
-                              "parameters outside optimizer.step() between report() and the next "
-                              "step.")
+        self._check_choice("in_flight_policy", IN_FLIGHT_POLICIES, "'coalesce' never blocks "
+                                                                   "training.")
+        self._check_choice("snapshot", SNAPSHOT_MODES, "'sync' if the loop changes parameters "
+                           "outside optimizer.step() between report() and the next step.")
         self._check_int("num_to_keep", minimum=2,
                         fix="keep at least 2 so a crash while writing leaves one loadable "
                             "checkpoint.")
         self._check_int("writers_per_node", minimum=1, fix="use at least 1 writer per node.")
-        if self.writer_priority not in WRITER_PRIORITIES:
-            raise ConfigError("CheckpointConfig.writer_priority", self.writer_priority,
-                              f"must be one of {WRITER_PRIORITIES}; 'auto' writes on CPU time "
-                              "training leaves idle unless in_flight_policy='block'.")
+        self._check_choice("writer_priority", WRITER_PRIORITIES, "'auto' writes on CPU time "
+                           "training leaves idle unless in_flight_policy='block'.")
         self._check_int("auto_sync_max_bytes", minimum=0,
                         fix="give a byte count (0: always overlap under snapshot='auto').")
         self._check_int("num_storage_retries", minimum=0, fix="use 0 to never retry.")
@@ -110,6 +104,7 @@ class CheckpointConfig:
             raise ConfigError("CheckpointConfig.local_dir", self.local_dir,
                               "must be an absolute path of a node-local tmpfs folder, e.g. "
                               "'/dev/shm' (or set local_interval_steps=0).")
+        check.boolean("CheckpointConfig.memory_tier", self.memory_tier)
         self._check_int("memory_replicas", minimum=0, fix="use 0 for no replicas.")
         if self.memory_replicas and not self.memory_tier:
             raise ConfigError("CheckpointConfig.memory_replicas", self.memory_replicas,
@@ -121,20 +116,25 @@ class CheckpointConfig:
                                 "it off).")
         for name in ("storage_retry_backoff_s", "storage_retry_max_backoff_s", "write_timeout_s",
                      "collective_timeout_s", "warn_interval_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"CheckpointConfig.{name}", value,
-                                  "must be a number of seconds > 0.")
+            check.seconds(f"CheckpointConfig.{name}", getattr(self, name))
+        self._check_order()
+
+    def _check_order(self) -> None:
         if self.warn_interval_s >= self.write_timeout_s:
             raise ConfigError("CheckpointConfig.warn_interval_s", self.warn_interval_s,
                               f"must be shorter than write_timeout_s={self.write_timeout_s}, "
                               "otherwise a stuck write is given up before anyone is warned.")
+        if self.storage_retry_backoff_s > self.storage_retry_max_backoff_s:
+            raise ConfigError("CheckpointConfig.storage_retry_backoff_s",
+                              self.storage_retry_backoff_s,
+                              f"must be <= storage_retry_max_backoff_s="
+                              f"{self.storage_retry_max_backoff_s}, the cap on every wait.")
 
     def _check_int(self, name: str, *, minimum: int, fix: str) -> None:
-        value = getattr(self, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ConfigError(f"CheckpointConfig.{name}", value,
-                              f"must be an integer >= {minimum}; {fix}")
+        check.integer(f"CheckpointConfig.{name}", getattr(self, name), minimum=minimum, fix=fix)
+
+    def _check_choice(self, name: str, choices: tuple[str, ...], fix: str) -> None:
+        check.choice(f"CheckpointConfig.{name}", getattr(self, name), choices, fix=fix)
 
     def is_local_step(self, step: int) -> bool:
         """True when `maybe_save` writes the local tier at `step`."""

@@ -10,6 +10,9 @@ import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+from ray_resilience import _validate as check
+from ray_resilience.errors import ConfigError
+
 #: Where in a rank's life a fault fires.
 FAULT_PHASES: tuple[str, ...] = ("step", "init", "checkpoint_save", "checkpoint_load", "validation")
 
@@ -45,8 +48,7 @@ _RECORDED_CAUSES = {FaultKind.NATIVE_HANG: "hang", FaultKind.SIGKILL: "process_k
 
 
 def _require_int(field: str, value: Any, minimum: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field}={value!r} is invalid: must be an int >= {minimum}. {fix}")
+    check.integer(field, value, minimum=minimum, fix=fix)
 
 
 def _as_kind(value: Any, field: str = "kind") -> FaultKind:
@@ -54,7 +56,7 @@ def _as_kind(value: Any, field: str = "kind") -> FaultKind:
         return FaultKind(value)
     except ValueError:
         choices = ", ".join(k.value for k in FaultKind)
-        raise ValueError(f"{field}={value!r} is not a fault kind; use one of: {choices}.") from None
+        raise ConfigError(field, value, f"is not a fault kind; use one of: {choices}.") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,7 +79,7 @@ class Fault:
         _require_int("Fault.rank", self.rank, 0, "Use a global rank in [0, world_size).")
         object.__setattr__(self, "kind", _as_kind(self.kind, "Fault.kind"))
         if self.phase not in FAULT_PHASES:
-            raise ValueError(f"Fault.phase={self.phase!r} is invalid; use one of {FAULT_PHASES}.")
+            raise ConfigError("Fault.phase", self.phase, f"use one of {FAULT_PHASES}.")
 
     @property
     def id(self) -> str:
@@ -94,8 +96,10 @@ class Fault:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fault:
         """Inverse of `to_dict`; unknown or missing keys are errors, so typos do not pass."""
+        if not isinstance(data, Mapping):
+            raise check.wrong_type("Fault", data, "a Fault or a dict of step, rank, kind, phase")
         if not {"step", "rank", "kind"} <= set(data) <= {"step", "rank", "kind", "phase"}:
-            raise ValueError(f"Fault keys {sorted(data)} are invalid; use step, rank, kind, phase.")
+            raise ConfigError("Fault", dict(data), "use the keys step, rank, kind and phase.")
         return cls(**data)
 
 
@@ -123,6 +127,10 @@ class FaultPlan:
     """The faults; a list (of Fault or of dicts from `Fault.to_dict`) is accepted."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.faults, str | bytes | Mapping) or not isinstance(self.faults,
+                                                                            Sequence):
+            raise check.wrong_type("FaultPlan.faults", self.faults, "a list of Fault",
+                                   "Build plans with FaultPlan.explicit([...]).")
         faults = [f if isinstance(f, Fault) else Fault.from_dict(f) for f in self.faults]
         faults.sort(key=lambda f: (f.step, f.rank, FAULT_PHASES.index(f.phase), f.kind.value))
         numbered = tuple(dataclasses.replace(f, index=i) for i, f in enumerate(faults, start=1))
@@ -130,7 +138,8 @@ class FaultPlan:
         for fault in numbered:
             key = (fault.step, fault.rank, fault.phase, fault.kind)
             if key in seen:
-                raise ValueError(f"FaultPlan.faults has {fault.id} twice; list each fault once.")
+                raise ConfigError("FaultPlan.faults", fault.id, "is listed twice; list each "
+                                                                "fault once.")
             seen.add(key)
         object.__setattr__(self, "faults", numbered)
 
@@ -167,14 +176,14 @@ class FaultPlan:
         ]
 
     def validate_for(self, *, world_size: int, max_steps: int) -> None:
-        """Raise ValueError if a fault targets a rank or step the run will never reach."""
+        """Raise ConfigError if a fault targets a rank or step the run will never reach."""
         for f in self.faults:
             if f.rank >= world_size or f.step > max_steps:
-                raise ValueError(
-                    f"{f.id}: rank={f.rank}, step={f.step} is never reached with "
+                raise ConfigError(
+                    "ResilienceConfig.fault_plan", f.id,
+                    f"rank={f.rank}, step={f.step} is never reached with "
                     f"world_size={world_size}, max_steps={max_steps}; target a rank below "
-                    f"{world_size} and a step <= {max_steps}, or enlarge the run."
-                )
+                    f"{world_size} and a step <= {max_steps}, or enlarge the run.")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form: `{"faults": [{"step", "rank", "kind", "phase"}, ...]}`."""
@@ -184,7 +193,7 @@ class FaultPlan:
     def from_dict(cls, data: Mapping[str, Any]) -> FaultPlan:
         """Inverse of `to_dict`."""
         if set(data) != {"faults"}:
-            raise ValueError(f"FaultPlan keys {sorted(data)} are invalid; expected only 'faults'.")
+            raise ConfigError("FaultPlan", dict(data), "expected only the key 'faults'.")
         return cls(faults=tuple(Fault.from_dict(f) for f in data["faults"]))
 
     @classmethod
@@ -201,7 +210,7 @@ class FaultPlan:
     ) -> FaultPlan:
         """The AWS/NVRx test case's deterministic schedule, drawn from `random.Random(seed)` in the
         reference script's order (steps, then per step a rank other than 0 and a kind)."""
-        _check_generate_args(fault_count, after_step, max_steps, world_size, kinds, weights)
+        _check_generate_args(seed, fault_count, after_step, max_steps, world_size, kinds, weights)
         kind_list = [_as_kind(k, "kinds") for k in kinds]
         rng = random.Random(seed)
         steps = sorted(rng.sample(range(after_step + 1, max_steps + 1), fault_count))
@@ -214,6 +223,7 @@ class FaultPlan:
 
 
 def _check_generate_args(
+    seed: int,
     fault_count: int,
     after_step: int,
     max_steps: int,
@@ -223,20 +233,23 @@ def _check_generate_args(
 ) -> None:
     """Validate `FaultPlan.generate`'s arguments before any random number is drawn."""
     _require_int("world_size", world_size, 2, "The generator never targets rank 0; use >= 2.")
+    check.integer("seed", seed)
     _require_int("fault_count", fault_count, 0, "Use 0 for no faults.")
     _require_int("after_step", after_step, 0, "Use 0 to allow faults from step 1.")
     _require_int("max_steps", max_steps, after_step + 1, "max_steps must exceed after_step.")
     if fault_count > max_steps - after_step:
-        raise ValueError(
-            f"fault_count={fault_count} is more than the {max_steps - after_step} steps in "
-            f"{after_step + 1}..{max_steps}; lower fault_count or widen the range."
-        )
-    if isinstance(kinds, str) or len(kinds) == 0:
-        raise ValueError(f"kinds={kinds!r} is invalid; pass a non-empty list such as ['sigkill'].")
-    if weights is not None and (
-        len(weights) != len(kinds) or any(w < 0 for w in weights) or sum(weights) <= 0
-    ):
-        raise ValueError(
-            f"weights={list(weights)!r} is invalid: give one non-negative weight per kind "
-            f"({len(kinds)} kinds) with a positive sum, or None for equal weights."
-        )
+        raise ConfigError("fault_count", fault_count,
+                          f"is more than the {max_steps - after_step} steps in "
+                          f"{after_step + 1}..{max_steps}; lower fault_count or widen the range.")
+    if isinstance(kinds, str) or not isinstance(kinds, Sequence) or len(kinds) == 0:
+        raise ConfigError("kinds", kinds, "pass a non-empty list such as ['sigkill'].")
+    if weights is None:
+        return
+    fix = (f"give one non-negative weight per kind ({len(kinds)} kinds) with a positive sum, "
+           "or None for equal weights.")
+    if isinstance(weights, str) or not isinstance(weights, Sequence) or len(weights) != len(kinds):
+        raise ConfigError("weights", weights, fix)
+    for i, weight in enumerate(weights):
+        check.number(f"weights[{i}]", weight, minimum=0, fix=fix)
+    if sum(weights) <= 0:
+        raise ConfigError("weights", list(weights), fix)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ray_resilience as rr
-from ray_resilience.errors import RestartLimitError
+from ray_resilience.errors import RestartLimitError, TrainingFailedError
 from ray_resilience.testing import Fault, FaultPlan
 from tests.support import workload
 
@@ -70,7 +70,7 @@ def test_python_hang_is_interrupted_and_recovered(clean_runs, token_data_dir, tm
 def test_faults_on_every_step_stop_at_the_limit(ray_session, token_data_dir, tmp_path):
     plan = FaultPlan.explicit([Fault(step=s, rank=1, kind="exception") for s in range(1, 9)])
     result = workload.fit(
-        token_data_dir, str(tmp_path), "limit", max_steps=STEPS,
+        token_data_dir, str(tmp_path), "limit", max_steps=STEPS, raise_on_failure=False,
         resilience=_resilience(plan, in_process=rr.InProcessConfig(max_restarts=3)))
     assert not result.ok
     err = result.error
@@ -85,11 +85,14 @@ def test_restart_storm_without_progress_stops(ray_session, tmp_path):
     def always_fails():
         raise ConnectionError("parameter server unreachable")
 
-    result = rr.ResilientTrainer(
+    trainer = rr.ResilientTrainer(
         always_fails, scaling_config=rr.ScalingConfig(num_workers=2),
         run_config=rr.RunConfig(name="storm", storage_path=str(tmp_path), verbose=False),
         resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(
-            max_restarts=50, max_attempts_without_progress=2))).fit()
+            max_restarts=50, max_attempts_without_progress=2)))
+    with pytest.raises(TrainingFailedError) as failed:
+        trainer.fit()
+    result = failed.value.result
     assert isinstance(result.error, RestartLimitError)
     assert result.error.setting == "InProcessConfig.max_attempts_without_progress"
     assert result.attempts == 3
@@ -104,8 +107,8 @@ def test_default_config_resumes_from_the_step_that_failed_without_storage_saves(
     local tier, such a run started over from step 0 at every restart)."""
     plan = FaultPlan.explicit([Fault(step=4, rank=1, kind="exception"),
                                   Fault(step=9, rank=0, kind="exception")])
-    resilience = rr.ResilienceConfig.default(fault_plan=plan, step_timeout_s=3.0,
-                                             first_step_timeout_s=60.0)
+    resilience = rr.ResilienceConfig.default(checkpoint_interval=0, fault_plan=plan,
+                                             step_timeout_s=3.0, first_step_timeout_s=60.0)
     result = workload.fit(token_data_dir, str(tmp_path), "default", max_steps=STEPS, sleep_s=0.3,
                           resilience=resilience)
     assert result.ok, result.error

@@ -8,7 +8,7 @@ import pytest
 
 import ray_resilience as rr
 from ray_resilience.checkpoint import CheckpointConfig
-from ray_resilience.errors import RestartLimitError, WorkerDiedError
+from ray_resilience.errors import RestartLimitError, TrainingFailedError, WorkerDiedError
 from ray_resilience.testing import Fault, FaultPlan
 from tests.support import workload
 
@@ -120,6 +120,7 @@ def test_policy_all_replaces_every_rank(clean, token_data_dir, tmp_path):
 def test_dead_rank_without_in_job_fails_the_run(ray_session, token_data_dir, tmp_path):
     plan = FaultPlan.explicit([Fault(step=3, rank=1, kind="sigkill")])
     result = workload.fit(token_data_dir, str(tmp_path), "no-injob", max_steps=STEPS,
+                          raise_on_failure=False,
                           resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(),
                                                          fault_plan=plan))
     assert isinstance(result.error, WorkerDiedError) and result.error.ranks == [1]
@@ -146,12 +147,15 @@ def test_rank_dying_after_every_respawn_stops_at_the_limit_with_typed_error(ray_
                                                                             limits, setting):
     """Rank 1 dies at every start (a storm): whichever limit comes first stops the run with a
     typed error naming that setting and the rank, after exactly one respawn."""
-    result = rr.ResilientTrainer(
+    trainer = rr.ResilientTrainer(
         _dies_on_start, scaling_config=rr.ScalingConfig(num_workers=2),
         run_config=rr.RunConfig(name="storm", storage_path=str(tmp_path), verbose=False),
         resilience=rr.ResilienceConfig(
             in_process=rr.InProcessConfig(), first_step_timeout_s=60.0, step_timeout_s=30.0,
-            in_job=rr.InJobConfig(**limits))).fit()
+            in_job=rr.InJobConfig(**limits)))
+    with pytest.raises(TrainingFailedError) as failed:
+        trainer.fit()
+    result = failed.value.result
     err = result.error
     assert isinstance(err, RestartLimitError), err
     assert err.setting == setting and err.ranks == [1]

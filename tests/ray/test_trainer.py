@@ -12,7 +12,7 @@ import torch
 import ray_resilience as rr
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.supervisor.supervisor import Supervisor
-from ray_resilience.errors import WorkerError
+from ray_resilience.errors import TrainingFailedError, WorkerError
 from tests.support import workload
 
 OUR_ACTOR_CLASSES = (WorkerActor.__name__, Supervisor.__name__)
@@ -74,12 +74,16 @@ def test_user_exception_fails_with_type_rank_and_traceback(ray_session, token_da
 
         dist.barrier()
 
-    result = rr.ResilientTrainer(
+    trainer = rr.ResilientTrainer(
         broken, scaling_config=rr.ScalingConfig(num_workers=2),
         run_config=rr.RunConfig(name="broken", storage_path=str(tmp_path), verbose=False),
-        resilience=rr.ResilienceConfig.disabled()).fit()
+        resilience=rr.ResilienceConfig.disabled())
+    with pytest.raises(TrainingFailedError) as failed:
+        trainer.fit()
+    result = failed.value.result
     assert not result.ok and result.state == "failed"
     err = result.error
+    assert failed.value.__cause__ is err and "KeyError" in str(failed.value)
     assert isinstance(err, WorkerError) and err.ranks == [1]
     assert isinstance(err.cause, KeyError) and err.exc_type == "KeyError"
     assert "tokens_v2" in str(err) and "in broken" in err.traceback
@@ -99,7 +103,8 @@ def test_context_and_env_vars(ray_session, tmp_path):
 
     result = rr.ResilientTrainer(
         loop, scaling_config=rr.ScalingConfig(num_workers=2),
-        run_config=rr.RunConfig(name="ctx", storage_path=str(tmp_path), verbose=False)).fit()
+        run_config=rr.RunConfig(name="ctx", storage_path=str(tmp_path), verbose=False),
+        resilience=rr.ResilienceConfig.disabled()).fit()  # no checkpoint service to start
     assert result.ok, result.error
     for rank, value in enumerate(result.return_values):
         assert value["rank"] == rank and value["world"] == 2 and value["local"] == rank

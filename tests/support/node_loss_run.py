@@ -112,7 +112,7 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
                                                     "sleep_s": 0.2},
             scaling_config=rr.ScalingConfig(placement_strategy="SPREAD", **scaling),
             run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
-            resilience=resilience).fit()
+            resilience=resilience).fit(raise_on_failure=False)  # reported as data below
 
     if mode == "exclude":
         exclude(fit, clean)

@@ -82,13 +82,14 @@ def single_process_reference(data_dir: str, *, world_size: int, max_steps: int) 
 
 
 def fit(data_dir: str, storage: str, name: str, *, num_workers: int = 2, max_steps: int = 12,
-        resilience: rr.ResilienceConfig | None = None, **cfg) -> rr.Result:
+        resilience: rr.ResilienceConfig | None = None, raise_on_failure: bool = True,
+        **cfg) -> rr.Result:
     return rr.ResilientTrainer(
         train_loop, train_loop_config={"data_dir": data_dir, "max_steps": max_steps, **cfg},
         scaling_config=rr.ScalingConfig(num_workers=num_workers),
         run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
         resilience=resilience or rr.ResilienceConfig.disabled(),
-    ).fit()
+    ).fit(raise_on_failure=raise_on_failure)
 
 
 def assert_bit_equal(a: dict, b: dict) -> None:

@@ -1,13 +1,17 @@
 """The rank actor's class as the supervisor sees it: creating it imports nothing heavy.
 
 The actor process builds the real `Worker` in `__init__`; the supervisor never imports torch.
+When that fails (the train function's module is not importable here), the actor stays up and
+`info()` says why, so the supervisor ends the run with the rank's own error.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray_resilience._internal.rank import preimport
+from ray_resilience._internal.rank.errors_capture import describe_startup
 
 
 class WorkerActor:
@@ -17,31 +21,46 @@ class WorkerActor:
                  supervisor: Any) -> None:
         # Wait for a background pre-import: never two threads in the same imports.
         self._preimport_wait_s = preimport.claim()
-        from ray import cloudpickle  # noqa: PLC0415 - only after claim(), see above
+        self._worker: Any = None
+        self._startup_error: dict[str, Any] | None = None
+        try:
+            from ray import cloudpickle  # noqa: PLC0415 - only after claim(), see above
 
-        from ray_resilience._internal.rank.worker import Worker  # noqa: PLC0415 - torch: in the rank, after claim()
+            from ray_resilience._internal.rank.worker import Worker  # noqa: PLC0415 - torch: in the rank, after claim()
 
-        self._worker = Worker(cloudpickle.loads(train_fn), train_config, supervisor)
+            self._worker = Worker(cloudpickle.loads(train_fn), train_config, supervisor)
+        except Exception as exc:  # noqa: BLE001 - reported through info(): the user's error
+            self._startup_error = describe_startup(exc)
 
     def info(self) -> dict[str, Any]:
+        if self._worker is None:
+            import ray  # noqa: PLC0415 - loaded already: this is a Ray actor
+
+            return {"node_id": ray.get_runtime_context().get_node_id(),
+                    "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                    "startup_error": self._startup_error}
         info = self._worker.info()
         info["preimport"] = dict(preimport.stats, waited_s=self._preimport_wait_s)
         return info
 
     def prewarm(self) -> None:
-        self._worker.prewarm()
+        if self._worker is not None:
+            self._worker.prewarm()
 
     def health(self) -> str | None:
+        if self._worker is None:
+            return "the rank could not start"
         return self._worker.health()
 
     def free_port(self) -> int:
         return self._worker.free_port()
 
     def interrupt(self, attempt: int) -> bool:
-        return self._worker.interrupt(attempt)
+        return self._worker is not None and self._worker.interrupt(attempt)
 
     def run_attempt(self, spec: Any) -> Any:
         return self._worker.run_attempt(spec)
 
     def shutdown(self) -> None:
-        self._worker.shutdown()
+        if self._worker is not None:
+            self._worker.shutdown()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import copy
 import pickle
 import traceback
+from typing import Any
 
 from ray_resilience.errors import WorkerError
 
 #: Frames from these files are our machinery, not the user's code: left out of tracebacks.
-_OWN_FRAMES = ("ray_resilience/_internal/worker.py", "ray/util/tracing/")
+_OWN_FRAMES = ("ray_resilience/_internal/rank/worker.py", "ray/util/tracing/")
 
 
 def _user_frames(exc: BaseException) -> str:
@@ -41,3 +42,12 @@ def _drop_frames(exc: BaseException | None) -> None:
         seen.add(id(exc))
         exc.__traceback__ = None
         exc = exc.__cause__ or exc.__context__
+
+
+def describe_startup(exc: BaseException) -> dict[str, Any]:
+    """Why the rank's actor could not build its worker, as plain data (type, message, the
+    missing module if any, traceback): the exception's own class may not unpickle elsewhere."""
+    module = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    return {"exc_type": type(exc).__qualname__, "message": str(exc), "module": module,
+            "traceback": "".join(traceback.format_exception(type(exc), exc,
+                                                            exc.__traceback__))}

@@ -168,6 +168,11 @@ class Worker:
             self._in_rendezvous = False
             self._interrupted.clear()
             self._ensure_checkpointer(spec)
+        except Exception as exc:  # noqa: BLE001 - this rank's failure, reported like the user's
+            forwarder.stop()
+            return AttemptOutcome(rank=spec.rank, attempt=spec.attempt, status="failed",
+                                  error=describe(exc, spec.rank, spec.attempt),
+                                  failed_at=time.time())
         except BaseException:
             forwarder.stop()
             raise

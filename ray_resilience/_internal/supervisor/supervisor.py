@@ -50,7 +50,7 @@ from ray_resilience._internal.supervisor.state import (
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
 from ray_resilience.config import ResilienceConfig, ScalingConfig
-from ray_resilience.errors import ConfigError, RunAbortedError
+from ray_resilience.errors import ConfigError, ResilienceError, RunAbortedError
 from ray_resilience.policy.base import Action, Decision
 from ray_resilience.policy.ladder import create_recovery_policy
 from ray_resilience.timeouts import LearnedTimeouts
@@ -149,6 +149,9 @@ class Supervisor:
         try:
             while not self._state.kind.terminal:
                 self._step()
+        except ResilienceError as exc:  # a typed end from below, e.g. a rank that cannot start
+            log.error("[%s] run failed: %s", self.run_name, exc)
+            self._set_state(Ended(RunState.FAILED, exc))
         except BaseException as exc:  # a supervisor bug still ends the run cleanly
             log.exception("supervisor failed")
             self._set_state(Ended(RunState.FAILED, exc))

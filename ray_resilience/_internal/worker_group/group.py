@@ -24,6 +24,7 @@ from ray_resilience._internal.constants import (
 )
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.actor import WorkerActor
+from ray_resilience._internal.worker_group import startup
 from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
 from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
 from ray_resilience._internal.worker_group.rank_calls import RankCalls
@@ -86,8 +87,20 @@ class WorkerGroup(RankCalls):
             actor.prewarm.remote()
         for bundle in self._reserved[world:]:
             self._add_spare(bundle)
-        self.info = ray.get([a.info.remote() for a in self.actors], timeout=120)
+        refs = [a.info.remote() for a in self.actors]
+        self.info = [self._started(rank, ref) for rank, ref in enumerate(refs)]
+        failed = startup.first_failure(self.info)
+        if failed is not None:  # the user's error (e.g. their module is missing on the ranks)
+            raise failed
         self._rank_runtime_env = self.info[0].get("runtime_env") if self.info else None
+
+    def _started(self, rank: int, info_ref: Any) -> dict[str, Any]:
+        """A new rank's `info()`; a WorkerStartupError when Ray could not create its actor."""
+        try:
+            return ray.get(info_ref, timeout=120)
+        except ray.exceptions.RayActorError as exc:
+            raise startup.from_actor_error(rank, self.bundles.node_of(self.bundle_of[rank]),
+                                           exc) from None
 
     @property
     def spares_pending(self) -> bool:
@@ -166,6 +179,7 @@ class WorkerGroup(RankCalls):
 
     def launch(self, specs: list[AttemptSpec]) -> dict[Any, int]:
         """Starts one attempt on every rank; returns {run future: rank}."""
+        self.attempt = specs[0].attempt if specs else self.attempt
         return {self.actors[s.rank].run_attempt.remote(s): s.rank for s in specs}
 
     def node_ids(self) -> list[str]:
@@ -222,6 +236,9 @@ class WorkerGroup(RankCalls):
                 rank = refs.pop(ref)
                 try:
                     self.info[rank] = ray.get(ref)
+                    failed = startup.from_info(rank, self.info[rank])
+                    if failed is not None:  # it cannot run the user's code there: no retry
+                        raise failed
                 except ray.exceptions.RayActorError as exc:
                     # Its bundle's node died before it started (the bundle is being placed
                     # again): try once more with a new actor while time remains.

@@ -4,11 +4,13 @@ and health checks. Mixed into `WorkerGroup`; a dummy group in unit tests has the
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
 
 from ray_resilience._internal.attempt import AttemptOutcome, RankLost
+from ray_resilience.errors import WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +20,8 @@ class RankCalls:
 
     actors: list[Any]
     info: list[dict[str, Any]]
+    attempt: int = 0
+    """The attempt the run futures in flight belong to (set by `launch`)."""
 
     def wait(self, refs: list[Any], timeout_s: float, *, num_returns: int = 1) -> list[Any]:
         """The refs (run futures, health answers) done once `num_returns` are, or at the timeout."""
@@ -27,11 +31,21 @@ class RankCalls:
         return ready
 
     def outcome(self, ref: Any, rank: int) -> AttemptOutcome | RankLost:
-        """What a done run future of `rank` returned, or how its actor was lost."""
+        """What a done run future of `rank` returned, or how its actor was lost. A run call that
+        raised (outside the train function) or an outcome that does not unpickle here is that
+        rank's failure, like an exception in its train function."""
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             return RankLost(rank=rank, node_lost=self._node_dead(rank), detail=str(exc))
+        except ray.exceptions.RayError as exc:  # RayTaskError, RaySystemError (unpickling)
+            log.warning("rank %d's run call failed: %s", rank, exc)
+            cause = getattr(exc, "cause", None) or exc
+            error = WorkerError(ranks=[rank], attempt=self.attempt,
+                                exc_type=type(cause).__name__, message=str(cause),
+                                traceback=getattr(exc, "traceback_str", "") or str(exc))
+            return AttemptOutcome(rank=rank, attempt=self.attempt, status="failed", error=error,
+                                  failed_at=time.time())
 
     def _node_dead(self, rank: int) -> bool:
         """Whether the GCS lists the node `rank` ran on as dead (a lost node, not a process)."""
