@@ -1,5 +1,6 @@
-"""What the train function calls: `get_context()`, `report()`, `load_checkpoint()`, `phase()`.
-`report` only appends to an in-process queue; a side thread forwards progress.
+"""What the train function calls: `get_context()`, `report()`, `load_checkpoint()`, `phase()`,
+`get_dataset_shard()`. `report` only appends to an in-process queue; a side thread forwards
+progress.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from ray_resilience._internal.data.shard import POSITION_KEY, DatasetShard
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,8 +56,14 @@ class CheckpointState:
 class _Session:
     """Per-attempt state of the rank, installed by the worker before the train function runs."""
 
-    def __init__(self, context: TrainContext, checkpointer: Any = None, faults: Any = None) -> None:
+    def __init__(self, context: TrainContext, checkpointer: Any = None, faults: Any = None,
+                 datasets: dict[str, Any] | None = None) -> None:
         self.context = context
+        self.datasets = {
+            name: DatasetShard(name, source, rank=context.world_rank,
+                               world_size=context.world_size, device=context.device)
+            for name, source in (datasets or {}).items()}
+        """This rank's shard of each of the run's datasets (`get_dataset_shard`)."""
         self.checkpointer = checkpointer
         self.faults = faults  # callable(phase, step) firing injected faults due there
         self.phase: str | None = None
@@ -127,9 +136,12 @@ def report(metrics: dict[str, Any], *, step: int,
     if session.checkpointer is not None:
         session.close_save()  # the previous save's optimizer-step wait is known by now
     if checkpoint is not None and session.checkpointer is not None:
+        extra = checkpoint.extra
+        if session.datasets:  # the data position travels with every checkpoint
+            extra = {**extra, POSITION_KEY: {
+                name: shard.position.to_dict() for name, shard in session.datasets.items()}}
         blocked = session.checkpointer.maybe_save(
-            int(step), model=checkpoint.model, optimizer=checkpoint.optimizer,
-            extra=checkpoint.extra)
+            int(step), model=checkpoint.model, optimizer=checkpoint.optimizer, extra=extra)
         t_saved = time.time()
         if blocked is not None:
             session.open_save = (int(step), blocked, t_saved)
@@ -155,6 +167,12 @@ def load_checkpoint(*, model: torch.nn.Module,
         return None
     t0 = time.time()
     loaded = session.checkpointer.load(model=model, optimizer=optimizer)
+    if loaded is not None and POSITION_KEY in loaded.extra:
+        extra = dict(loaded.extra)
+        for name, saved in extra.pop(POSITION_KEY).items():
+            if name in session.datasets:  # a dataset the run no longer has is skipped
+                session.datasets[name].restore(saved)
+        loaded = dataclasses.replace(loaded, extra=extra)
     with session.lock:
         session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
                                "rank": session.context.world_rank,
@@ -164,6 +182,17 @@ def load_checkpoint(*, model: torch.nn.Module,
     if session.faults is not None:
         session.faults("checkpoint_load", None)
     return loaded
+
+
+def get_dataset_shard(name: str = "train") -> DatasetShard:
+    """This rank's shard of `ResilientTrainer(datasets={name: ...})`: iterate it with
+    `iter_torch_batches(batch_size=...)` / `iter_batches`. Its position is saved with every
+    checkpoint and restored by `load_checkpoint`, so a resume continues at the next batch."""
+    session = _require_session("get_dataset_shard")
+    if name not in session.datasets:
+        raise KeyError(f"no dataset named {name!r}: ResilientTrainer(datasets=...) has "
+                       f"{sorted(session.datasets)}")
+    return session.datasets[name]
 
 
 @contextlib.contextmanager

@@ -33,11 +33,13 @@ class ResilientTrainer:
     """Runs `train_loop_per_worker` on `scaling_config.num_workers` ranks and keeps it running.
 
     The train function takes no argument or one (`train_loop_config`). Inside it, use
-    `ray_resilience.get_context()`, `report()` and `load_checkpoint()`.
+    `ray_resilience.get_context()`, `report()`, `load_checkpoint()` and, for `datasets`,
+    `get_dataset_shard(name)`.
     """
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
                  train_loop_config: dict[str, Any] | None = None,
+                 datasets: dict[str, Any] | None = None,
                  scaling_config: ScalingConfig | None = None,
                  run_config: RunConfig | None = None,
                  resilience: ResilienceConfig | None = None) -> None:
@@ -45,6 +47,7 @@ class ResilientTrainer:
             raise ConfigError("train_loop_per_worker", train_loop_per_worker,
                               "pass the function each rank runs.")
         self._fn, self._config = train_loop_per_worker, train_loop_config
+        self.datasets = _checked_datasets(datasets)
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.resilience = resilience or ResilienceConfig()
@@ -112,7 +115,7 @@ class ResilientTrainer:
             resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
             env_vars=env, storage_path=self.run_config.storage_path,
             storage_filesystem=self.run_config.storage_filesystem,
-            callbacks=self.run_config.callbacks)
+            callbacks=self.run_config.callbacks, datasets=self.datasets)
 
     def _wait(self, supervisor: Any) -> RunOutcome:
         run_ref = supervisor.run.remote()
@@ -136,3 +139,21 @@ class ResilientTrainer:
             return RunOutcome.lost_supervisor(exc)
         finally:
             ray.kill(supervisor, no_restart=True)
+
+
+def _checked_datasets(datasets: Any) -> dict[str, Any]:
+    """{name: ray.data.Dataset}, each split into global batches across the ranks."""
+    if datasets is None:
+        return {}
+    if not isinstance(datasets, dict):
+        raise ConfigError("datasets", datasets, 'pass a dict of Ray Datasets, e.g. '
+                          '{"train": ray.data.read_parquet(path)}.')
+    from ray.data import Dataset  # noqa: PLC0415 - Ray Data loads only for runs with datasets
+
+    for name, dataset in datasets.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError("datasets", name, "dataset names must be non-empty strings.")
+        if not isinstance(dataset, Dataset):
+            raise ConfigError(f"datasets[{name!r}]", dataset,
+                              "must be a ray.data.Dataset (e.g. ray.data.read_parquet(path)).")
+    return dict(datasets)

@@ -30,6 +30,8 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
      (f"{PACKAGE}._internal.rank",)),
     ("What the train function calls: get_context, report, load_checkpoint.",
      (f"{PACKAGE}.context",)),
+    ("Ray Data: the run's datasets materialized once, each rank's slice and its position.",
+     (f"{PACKAGE}._internal.data",)),
     ("Checkpoints on the rank: snapshot, hand-off to a writer, local tier, load.",
      (f"{PACKAGE}._internal.checkpoint.rank",)),
     ("Checkpoint service actors: the commit coordinator and the writers.",

@@ -149,7 +149,8 @@ class Worker:
     def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
         """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
         t0 = time.time()
-        session = _Session(self._context(spec), faults=self._fault_hook(spec))
+        session = _Session(self._context(spec), faults=self._fault_hook(spec),
+                           datasets=spec.datasets)
         forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
                                       attempt=spec.attempt, interval_s=spec.progress_interval_s)
         # Heartbeats start now: a rank still releasing groups or prewarming is alive, not silent.

@@ -71,10 +71,12 @@ class Supervisor:
     def __init__(self, *, train_fn: bytes, train_config: Any, scaling: ScalingConfig,
                  resilience: ResilienceConfig, run_name: str, run_dir: str,
                  env_vars: dict[str, str], storage_path: str = "", storage_filesystem: Any = None,
-                 callbacks: Sequence[Callback] = (),
+                 callbacks: Sequence[Callback] = (), datasets: dict[str, Any] | None = None,
                  worker_group_factory: WorkerGroupFactory | None = None,
                  clock: Clock | None = None) -> None:
         self._train_fn, self._train_config = train_fn, train_config
+        self._datasets: dict[str, Any] = dict(datasets or {})
+        """Ray Datasets by name: materialized when the run schedules (`DatasetSource`s after)."""
         self._scaling, self._cfg = scaling, resilience
         self.run_name, self._run_dir, self._env_vars = run_name, run_dir, env_vars
         self._group_factory = worker_group_factory or create_worker_group
@@ -189,6 +191,12 @@ class Supervisor:
             env_vars=self._env_vars, num_spares=in_job.num_spares if in_job else 0,
             num_prestarted=in_job.num_prestarted_workers if in_job else 0)
         self._detector = FaultDetector(self._group, self._cfg, self._timeouts, self._clock)
+        if self._datasets:
+            t0 = self._clock.time()
+            from ray_resilience._internal.data.materialize import materialize  # noqa: PLC0415 - Ray Data loads only for runs with datasets
+
+            self._datasets = materialize(self._datasets)
+            self.record.startup_phase("datasets", t0, self._clock.time())
         t0 = self._clock.time()
         self._group.reserve(self._cfg.placement_timeout_s)
         self.record.startup_phase("placement", t0, self._clock.time())
@@ -244,7 +252,7 @@ class Supervisor:
             checkpoint_spec=self._checkpoints.rank_spec(r),
             resume_hint=self.record.global_step or 0,
             faults=tuple(f for f in plan if f.rank == r and f.id not in fired
-                         and f.kind.fired_in_worker))
+                         and f.kind.fired_in_worker), datasets=self._datasets)
             for r in range(group.world_size)]
         self.record.start_attempt(self._attempt)
         self._futures = group.launch(specs)
