@@ -43,6 +43,15 @@ class TrainContext:
         return self.local_rank
 
 
+class PreemptionStop(BaseException):
+    """Raised by `report` at the step every rank agreed to stop at (a node is being drained);
+    a BaseException so that the train function's `except Exception` does not catch it."""
+
+    def __init__(self, step: int, durable: bool) -> None:
+        super().__init__(step, durable)
+        self.step, self.durable = step, durable
+
+
 @dataclasses.dataclass
 class CheckpointState:
     """What to save with a step: the (FSDP2-sharded) model and optimizer plus `extra` (JSON-safe
@@ -79,6 +88,8 @@ class _Session:
         self.open_save: tuple[int, float, float] | None = None
         """The newest save, recorded once the optimizer step after it ran (its wait blocks too)."""
         self.events: list[dict[str, Any]] = []
+        self.stop_at: tuple[int, float] | None = None
+        """(step, deadline): save that step, wait until it is durable, stop (preemption)."""
 
     def close_save(self) -> None:
         """Records the open save with the optimizer-step wait that followed it."""
@@ -140,6 +151,8 @@ def report(metrics: dict[str, Any], *, step: int,
         if session.datasets:  # the data position travels with every checkpoint
             extra = {**extra, POSITION_KEY: {
                 name: shard.position.to_dict() for name, shard in session.datasets.items()}}
+        if _stopping(session, int(step)):
+            _stop(session, record, durable=_save_now(session, int(step), checkpoint, extra))
         blocked = session.checkpointer.maybe_save(
             int(step), model=checkpoint.model, optimizer=checkpoint.optimizer, extra=extra)
         t_saved = time.time()
@@ -151,11 +164,35 @@ def report(metrics: dict[str, Any], *, step: int,
         if local:
             with session.lock:
                 session.checkpoint_blocking_s.extend((s, b, "local", t_saved) for s, b in local)
+    if _stopping(session, int(step)):
+        _stop(session, record, durable=False)  # no checkpoint given at this step
     with session.lock:
         session.pending.append(record)
         session.step, session.step_time = int(step), now
     if session.faults is not None:
         session.faults("step", int(step))
+
+
+def _stopping(session: _Session, step: int) -> bool:
+    return session.stop_at is not None and step >= session.stop_at[0]
+
+
+def _save_now(session: _Session, step: int, checkpoint: CheckpointState,
+              extra: dict[str, Any]) -> bool:
+    """Saves `step` on this rank (every rank does, at the same step) and waits until it is
+    durable or the preemption's deadline passed; True when durable."""
+    checkpointer, deadline = session.checkpointer, session.stop_at[1]
+    checkpointer.wait_idle(max(deadline - time.time(), 0.1))  # an older save out of the way
+    checkpointer.save(step, model=checkpoint.model, optimizer=checkpoint.optimizer, extra=extra)
+    return checkpointer.wait_idle(max(deadline - time.time(), 0.1))
+
+
+def _stop(session: _Session, record: dict[str, Any], *, durable: bool) -> None:
+    """Records the step and leaves the train function (see `PreemptionStop`)."""
+    with session.lock:
+        session.pending.append(record)
+        session.step, session.step_time = record["step"], record["time"]
+    raise PreemptionStop(record["step"], durable)
 
 
 def load_checkpoint(*, model: torch.nn.Module,

@@ -5,6 +5,9 @@ The actor process builds the real `Worker` in `__init__`; the supervisor never i
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 from typing import Any
 
 from ray_resilience._internal.rank import preimport
@@ -22,6 +25,14 @@ class WorkerActor:
         from ray_resilience._internal.rank.worker import Worker  # noqa: PLC0415 - torch: in the rank, after claim()
 
         self._worker = Worker(cloudpickle.loads(train_fn), train_config, supervisor)
+        if threading.current_thread() is threading.main_thread():  # signal handlers live there
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """A rank told to terminate saves a step first (see `Worker.on_sigterm`); an idle actor
+        exits as Ray's own handler would."""
+        if not self._worker.on_sigterm():
+            sys.exit(1)
 
     def info(self) -> dict[str, Any]:
         info = self._worker.info()
@@ -39,6 +50,9 @@ class WorkerActor:
 
     def interrupt(self, attempt: int) -> bool:
         return self._worker.interrupt(attempt)
+
+    def stop_at(self, attempt: int, step: int, deadline: float) -> int | None:
+        return self._worker.stop_at(attempt, step, deadline)
 
     def run_attempt(self, spec: Any) -> Any:
         return self._worker.run_attempt(spec)

@@ -29,6 +29,7 @@ from ray_resilience._internal.supervisor.dispatch import Dispatcher
 from ray_resilience._internal.supervisor.faults import FaultHistory, detected_event
 from ray_resilience._internal.supervisor.metrics import MetricsCallback, RunMetrics
 from ray_resilience._internal.supervisor.outcome import RunOutcome
+from ray_resilience._internal.supervisor.preemption import PreemptionWatch
 from ray_resilience._internal.supervisor.recorders import (
     FaultStepRevised,
     RecentEvents,
@@ -50,9 +51,10 @@ from ray_resilience._internal.supervisor.state import (
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
 from ray_resilience.config import ResilienceConfig, ScalingConfig
-from ray_resilience.errors import ConfigError, RunAbortedError
+from ray_resilience.errors import ConfigError, PreemptedError, RunAbortedError
 from ray_resilience.policy.base import Action, Decision
 from ray_resilience.policy.ladder import create_recovery_policy
+from ray_resilience.policy.state import FaultCause
 from ray_resilience.timeouts import LearnedTimeouts
 
 SPARE_REPLENISH_MAX_DELAY_S = 10.0
@@ -99,6 +101,7 @@ class Supervisor:
             resilience.checkpoint, storage_path=storage_path, storage_filesystem=storage_filesystem,
             run_name=run_name, record=self.record, clock=self._clock, emit=self._dispatcher.emit)
         self._history = FaultHistory()
+        self._preemption = PreemptionWatch()
         self._abort = threading.Event()
         self._t_start, self._t_end = self._clock.time(), 0.0
         self._pids: list[int] = []
@@ -126,6 +129,10 @@ class Supervisor:
     def fault_fired(self, fault_id: str, info: dict[str, Any]) -> None:
         """An injected fault is about to fire (recorded before: a SIGKILL loses the rest)."""
         self._history.fault_fired(fault_id, info)
+
+    def rank_terminated(self, rank: int) -> None:
+        """A rank's process got SIGTERM: the ranks save a step and that rank moves."""
+        self._preemption.rank_terminated(rank)
 
     def status(self) -> dict[str, Any]:
         """A snapshot for the driver's live display, with the recent events to print."""
@@ -260,15 +267,58 @@ class Supervisor:
     def _on_running(self, current: State) -> State:
         self._checkpoints.poll()
         self._upkeep()
+        self._watch_preemption()
         found = self._detector.collect(self._futures, self._attempt)
         for outcome in found.outcomes:
             self.record.add_outcome(outcome)
+        self._preemption.note_outcomes(found.outcomes)
         for ref in found.done:
             self._futures.pop(ref, None)
         fault = found.fault or self._detector.silence(self.record.rank_statuses(), self._attempt)
         if fault is not None:
+            self._preemption.take()  # seen again, if still draining, in the next attempt
             return self._on_fault(fault)
-        return current if self._futures else Ended(RunState.FINISHED)
+        if self._futures:
+            return current
+        if self._preemption.notice is not None and self._preemption.stopped:
+            return self._on_preempted()
+        return Ended(RunState.FINISHED)
+
+    def _watch_preemption(self) -> None:
+        """On a new drain notice (or a rank's SIGTERM), asks every rank to stop at one step."""
+        statuses = self.record.rank_statuses().values()
+        newest = max((s.step for s in statuses if s.step is not None),
+                     default=self.record.global_step or 0)
+        notice = self._preemption.check(self._group, self._attempt, newest, self._step_time())
+        if notice is not None:
+            self._group.stop_at(list(range(self._group.world_size)), self._attempt,
+                                notice.step, notice.deadline)
+
+    def _step_time(self) -> float | None:
+        """Recent seconds per step on rank 0 (None before two steps)."""
+        with self.record.lock:
+            times = [m["time"] for m in self.record.history[-16:] if m.get("rank") == 0]
+        return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+
+    def _on_preempted(self) -> State:
+        """Every rank saved the agreed step and stopped: the preempted ranks move elsewhere
+        (their nodes excluded) and all ranks resume from that step."""
+        notice = self._preemption.take()
+        self._preemption.stopped.clear()
+        fix = ("resubmit with the same RunConfig.name to resume from it, or set "
+               "ResilienceConfig.in_job (InJobConfig) to move the ranks within the job.")
+        error = PreemptedError(notice.ranks, notice.nodes, notice.step, fix)
+        fault = self._history.add(DetectedFault(
+            cause=FaultCause.PREEMPTED, ranks=notice.ranks, attempt=self._attempt,
+            t_detect=notice.t_notice, t_fault=notice.t_notice, error=error),
+            self.record, self._group)
+        log.warning("[%s attempt %d] preempted: ranks %s stopped at step %s", self.run_name,
+                    self._attempt, list(notice.ranks), fault.step)
+        self._dispatcher.emit(detected_event(fault))
+        self._dispatcher.flush()
+        if self._cfg.in_job is None:
+            return Ended(RunState.FAILED, error)
+        return Repairing.of(fault, Decision.respawn_ranks(notice.ranks, notice.nodes))
 
     def _upkeep(self) -> None:
         """New spares for those a recovery used, once its attempt completed a step (their
