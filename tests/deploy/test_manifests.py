@@ -239,7 +239,7 @@ BROKEN = [
     ("token-auth-old-ray", EKS, _set(["spec", "rayClusterSpec", "rayVersion"], "2.51.0"),
      Rule.TOKEN_AUTH, "rayVersion"),
     ("token-auth-env-override", EKS, _add([*W_CONT, "env"], {"name": "RAY_AUTH_MODE",
-     "value": "disabled"}), Rule.TOKEN_AUTH, "containers[0].env[5].value"),
+     "value": "disabled"}), Rule.TOKEN_AUTH, "containers[0].env[6].value"),
     # NetworkPolicy
     ("network-policy-missing", EKS, _without_policy, Rule.NETWORK_POLICY, LABELS),
     ("network-policy-by-cluster-name", EKS, _on_policy(lambda p: p.update(podSelector={
@@ -289,7 +289,7 @@ BROKEN = [
      "initContainers[0].command"),
     # credentials
     ("aws-secret-in-env", EKS, _add([*W_CONT, "env"], {"name": "AWS_SECRET_ACCESS_KEY",
-     "value": AWS_SECRET}), Rule.CREDENTIALS, "containers[0].env[5].value"),
+     "value": AWS_SECRET}), Rule.CREDENTIALS, "containers[0].env[6].value"),
     ("aws-key-id-in-env", CPU, _add([*H_CONT, "env"], {"name": "AWS_ACCESS_KEY_ID",
      "value": "AKIAIOSFODNN7EXAMPLE"}), Rule.CREDENTIALS, "containers[0].env[0].value"),
     ("ray-token-in-env", EKS, _add([*H_CONT, "env"], {"name": "RAY_AUTH_TOKEN",
