@@ -18,7 +18,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(720)
 def test_sigterm_to_a_ranks_node_saves_a_step_and_loses_none(clean_run, token_data_dir,
                                                               tmp_path):
     reference = str(tmp_path / "clean_states.pt")
@@ -28,7 +28,7 @@ def test_sigterm_to_a_ranks_node_saves_a_step_and_loses_none(clean_run, token_da
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tests", "support", "preemption_run.py"),
          token_data_dir, str(tmp_path / "store"), reference],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=450)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=690)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     out = json.loads(lines[-1])

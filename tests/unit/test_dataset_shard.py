@@ -31,6 +31,14 @@ class FakeMaterialized:
             yield {k: torch.as_tensor(v) for k, v in batch.items()}
 
 
+@pytest.fixture(autouse=True)
+def _slice_in_process(monkeypatch):
+    """The fake has no Ray blocks: resuming slices it directly."""
+    from ray_resilience._internal.data import suffix  # noqa: PLC0415 - imports Ray Data
+
+    monkeypatch.setattr(suffix, "rows_from", lambda ds, row: ds.split_at_indices([row])[1])
+
+
 def shard(rank: int, world_size: int, num_rows: int = 20) -> DatasetShard:
     source = DatasetSource(dataset=FakeMaterialized(np.arange(num_rows)), num_rows=num_rows)
     return DatasetShard("train", source, rank=rank, world_size=world_size)

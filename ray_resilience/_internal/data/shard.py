@@ -11,8 +11,11 @@ resume (at any world size) continues with the first row no rank has trained on.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 POSITION_KEY = "ray_resilience.data"
 """Key of the datasets' positions inside a checkpoint's `extra` (removed before users see it)."""
@@ -109,13 +112,18 @@ class DatasetShard:
         self.position = Position(epoch=epoch + 1, row=0)
 
     def _rest(self, row: int) -> Any:
-        """The dataset from global row `row` on (None when nothing is left); slicing a
-        materialized dataset reads no rows before `row`."""
+        """The dataset from global row `row` on (None when nothing is left): no row before it is
+        read, and no Ray task runs (see `suffix.py`)."""
         if row <= 0:
             return self._source.dataset
         if row >= self.num_rows:
             return None
-        return self._source.dataset.split_at_indices([row])[1]
+        try:
+            from ray_resilience._internal.data.suffix import rows_from  # noqa: PLC0415 - Ray Data internals, only on a resume
+        except ImportError as err:  # Ray's internals moved: a task slices the first block
+            log.warning("resuming dataset %r with a slicing task (%s)", self.name, err)
+            return self._source.dataset.split_at_indices([row])[1]
+        return rows_from(self._source.dataset, row)
 
     def __repr__(self) -> str:
         return (f"DatasetShard({self.name!r}, rank={self.rank}/{self.world_size}, "
