@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ray_resilience._internal.supervisor.preemption import (
+from ray_resilience._internal.preemption import (
     DEFAULT_GRACE_S,
     PreemptionWatch,
     stop_step,

@@ -23,13 +23,13 @@ from ray_resilience._internal.constants import (
     SHUTDOWN_TIMEOUT_ENV_VAR,
     env_float,
 )
+from ray_resilience._internal.preemption import PreemptionWatch
 from ray_resilience._internal.supervisor.checkpoints import RunCheckpoints
 from ray_resilience._internal.supervisor.detection import FaultDetector
 from ray_resilience._internal.supervisor.dispatch import Dispatcher
 from ray_resilience._internal.supervisor.faults import FaultHistory, detected_event
 from ray_resilience._internal.supervisor.metrics import MetricsCallback, RunMetrics
 from ray_resilience._internal.supervisor.outcome import RunOutcome
-from ray_resilience._internal.supervisor.preemption import PreemptionWatch
 from ray_resilience._internal.supervisor.recorders import (
     FaultStepRevised,
     RecentEvents,
