@@ -18,6 +18,7 @@ import sys
 JOBS = {"bench-recovery": "bench/bench_recovery.py",
         "bench-checkpoint": "bench/bench_checkpoint.py"}
 """Benchmarks: they compare against other frameworks' peers and ship with the source only."""
+INSTALL_HINT = "pip install ray_resilience (with its dependencies)"
 
 
 def _jobs_dir() -> str:
@@ -77,15 +78,15 @@ def _train(argv: list[str]) -> int:
 
 
 def _validate_manifests(argv: list[str]) -> int:
-    """Imported here: checking manifests needs only the `deploy` extra (no torch, no
-    ray), and a missing one gets a one-line install hint."""
+    """Imported here: checking manifests needs neither torch nor ray, and an install made
+    without its dependencies (`pip install --no-deps`) gets a one-line hint."""
     try:
         from ray_resilience.deploy import main as validate  # noqa: PLC0415 - see the docstring
     except ModuleNotFoundError as err:
         if (err.name or "").partition(".")[0] == "ray_resilience":
             raise
         print(f"error: validate-manifests needs the {err.name!r} module: "
-              "pip install 'ray_resilience[deploy]'", file=sys.stderr)
+              f"{INSTALL_HINT}", file=sys.stderr)
         return 2
     return validate(argv)
 

@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ]; then
   if [ "${1:-}" = "test" ]; then
     "$VPY" -m pip install -q -e ".[test]"
   else
-    "$VPY" -m pip install -q -e ".[examples]"
+    "$VPY" -m pip install -q -e .
   fi
   touch "$stamp"
 fi

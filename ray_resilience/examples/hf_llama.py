@@ -1,6 +1,6 @@
 """Hugging Face `transformers.LlamaForCausalLM` for the example job: Llama configs built from their
 values (no download), FSDP2 per decoder layer, meta-device init, bf16 mixed precision on GPU and
-optional activation checkpointing. Needs the `examples` extra (transformers).
+optional activation checkpointing (transformers is a dependency of the package).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-EXTRA_HINT = "pip install 'ray_resilience[examples]'"
+EXTRA_HINT = "pip install transformers (a dependency of ray_resilience)"
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -48,9 +48,9 @@ class ModelOptions:
 
 
 def require_transformers() -> Any:
-    """The transformers module, or an ImportError that names the extra to install."""
+    """The transformers module, or an ImportError that says what to install."""
     try:
-        import transformers  # noqa: PLC0415 - optional: only the HF example models need it
+        import transformers  # noqa: PLC0415 - only the HF example models need it
     except ModuleNotFoundError as err:
         raise ImportError(f"the Hugging Face Llama models need transformers ({err}): "
                           f"{EXTRA_HINT}") from None

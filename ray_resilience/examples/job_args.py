@@ -39,7 +39,7 @@ def parser(description: str = "") -> argparse.ArgumentParser:
 
 def _model_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--model", default=None, choices=sorted([*hf_llama.PRESETS, TOY_MODEL]),
-                   help="Hugging Face Llama config preset (needs the [examples] extra; default "
+                   help="Hugging Face Llama config preset (transformers; default "
                         f"llama3-tiny), or {TOY_MODEL!r}: our own small LLaMA, which needs "
                         "nothing else")
     g.add_argument("--model_type", choices=sorted(MODEL_TYPES),

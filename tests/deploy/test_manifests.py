@@ -376,17 +376,18 @@ def test_cli_finds_the_jobs_folder_beside_the_manifests(
     assert "--jobs-dir" in capsys.readouterr().err
 
 
-def test_missing_deploy_extra_is_a_one_line_install_hint(
+def test_missing_manifest_checker_is_a_one_line_install_hint(
     monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    """Without kubernetes-validate: which extra to install, exit 2, no traceback."""
+    """Without kubernetes-validate (a --no-deps install): what to install, exit 2, no
+    traceback."""
     for name in [m for m in sys.modules if m.split(".")[:2] == ["ray_resilience", "deploy"]]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # import raises ModuleNotFound
     assert cli.main(["validate-manifests", str(CONFIGS)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'kubernetes_validate'" in err, err
-    assert "pip install 'ray_resilience[deploy]'" in err, err
+    assert cli.INSTALL_HINT in err, err
 
 
 def test_strict_schema_closes_objects_but_keeps_open_ones_open() -> None:
