@@ -27,7 +27,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The same family (GQA, SwiGLU, Llama 3 rope) at CPU-test size: 0.2 M parameters.
     "llama3-tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=172,
                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=8192, rms_norm_eps=1e-5,
+                        max_position_embeddings=131072, rms_norm_eps=1e-5,
                         rope_parameters=LLAMA3_ROPE),
 }
 """LlamaConfig values per preset; `--hidden_width` and friends override single values."""
@@ -73,7 +73,7 @@ def build_model(config: Any, options: ModelOptions, device: torch.device) -> tor
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config)
     if options.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _checkpoint_activations(model)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if options.bf16 else MixedPrecisionPolicy()
     for layer in model.model.layers:
@@ -112,3 +112,13 @@ def num_parameters(config: Any) -> int:
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def _checkpoint_activations(model: Any) -> None:
+    """Non-reentrant recompute per decoder layer (transformers renamed the method in 5.x)."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
