@@ -15,8 +15,8 @@ _EXPORTS: dict[str, str] = {
                      "ScalingConfig"), "ray_resilience.config"),
     "CheckpointConfig": "ray_resilience.checkpoint.config",
     "AdaptiveTimeouts": "ray_resilience.timeouts",
-    **dict.fromkeys(("CheckpointState", "TrainContext", "get_context", "load_checkpoint", "phase",
-                     "report"), "ray_resilience.context"),
+    **dict.fromkeys(("CheckpointState", "TrainContext", "get_context", "get_dataset_shard",
+                     "load_checkpoint", "phase", "report"), "ray_resilience.context"),
     "Result": "ray_resilience.result",
     **dict.fromkeys(("ConfigError", "ResilienceError"), "ray_resilience.errors"),
 }
@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from ray_resilience.context import CheckpointState as CheckpointState
     from ray_resilience.context import TrainContext as TrainContext
     from ray_resilience.context import get_context as get_context
+    from ray_resilience.context import get_dataset_shard as get_dataset_shard
     from ray_resilience.context import load_checkpoint as load_checkpoint
     from ray_resilience.context import phase as phase
     from ray_resilience.context import report as report

@@ -1,10 +1,11 @@
 """`ray-resilience` / `python -m ray_resilience`: the main job, benchmarks and tools.
 
-    ray-resilience train [job args]          # jobs/train_llama_fsdp.py (see --help)
-    ray-resilience bench-recovery [args]     # jobs/bench/bench_recovery.py
-    ray-resilience bench-checkpoint [args]   # jobs/bench/bench_checkpoint.py
+    ray-resilience train [job args]          # the example job: HF Llama + FSDP2 (see --help)
+    ray-resilience bench-recovery [args]     # jobs/bench/bench_recovery.py (source checkout)
+    ray-resilience bench-checkpoint [args]   # jobs/bench/bench_checkpoint.py (source checkout)
     ray-resilience validate-manifests [DIR]  # KubeRay manifests against the CRDs and our rules
     ray-resilience show RUN_DIR              # a finished run's summary and goodput table
+                                             # (a path, FSx or s3://bucket/prefix/<run name>)
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import os
 import runpy
 import sys
 
-JOBS = {"train": "train_llama_fsdp.py", "bench-recovery": "bench/bench_recovery.py",
+JOBS = {"bench-recovery": "bench/bench_recovery.py",
         "bench-checkpoint": "bench/bench_checkpoint.py"}
+"""Benchmarks: they compare against other frameworks' peers and ship with the source only."""
+INSTALL_HINT = "pip install ray_resilience (with its dependencies)"
 
 
 def _jobs_dir() -> str:
@@ -45,33 +48,45 @@ def _show(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: ray-resilience show RUN_DIR", file=sys.stderr)
         return 2
-    path = os.path.join(argv[0], "results.json")
+    from ray_resilience._internal.run_folder import read_text  # noqa: PLC0415 - pyarrow, only here
+
     try:
-        with open(path) as f:
-            results = json.load(f)
-    except FileNotFoundError:
-        print(f"{path} not found: is {argv[0]!r} a run folder (<storage_path>/<name>)?",
-              file=sys.stderr)
+        results = json.loads(read_text(argv[0], "results.json"))
+    except FileNotFoundError as err:
+        print(f"{err}: is {argv[0]!r} a run folder (<storage_path>/<name>)?", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as err:
+        print(f"cannot read {argv[0]!r}: {err}", file=sys.stderr)
         return 2
     summary = {k: results.get(k) for k in ("state", "error", "metrics", "attempts", "wall_s")}
     print(json.dumps(summary, indent=2, default=str))
-    table = os.path.join(argv[0], "goodput.txt")
-    if os.path.exists(table):
-        with open(table) as f:
-            print(f.read())
+    try:
+        print(read_text(argv[0], "goodput.txt"))
+    except FileNotFoundError:
+        pass  # a run without a goodput report
     return 0
 
 
+def _train(argv: list[str]) -> int:
+    """Imported here: the example pulls torch and Ray, which the other commands do not need."""
+    from ray_resilience.examples.train_llama import main as train  # noqa: PLC0415 - see above
+
+    try:
+        return train(argv)
+    except SystemExit as exc:  # argparse: --help or a usage error
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+
+
 def _validate_manifests(argv: list[str]) -> int:
-    """Imported here: checking manifests needs only the `deploy` extra (no torch, no
-    ray), and a missing one gets a one-line install hint."""
+    """Imported here: checking manifests needs neither torch nor ray, and an install made
+    without its dependencies (`pip install --no-deps`) gets a one-line hint."""
     try:
         from ray_resilience.deploy import main as validate  # noqa: PLC0415 - see the docstring
     except ModuleNotFoundError as err:
         if (err.name or "").partition(".")[0] == "ray_resilience":
             raise
         print(f"error: validate-manifests needs the {err.name!r} module: "
-              "pip install 'ray_resilience[deploy]'", file=sys.stderr)
+              f"{INSTALL_HINT}", file=sys.stderr)
         return 2
     return validate(argv)
 
@@ -82,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command == "train":
+        return _train(rest)
     if command in JOBS:
         return _run_job(command, rest)
     if command == "validate-manifests":

@@ -1,5 +1,6 @@
-"""What the train function calls: `get_context()`, `report()`, `load_checkpoint()`, `phase()`.
-`report` only appends to an in-process queue; a side thread forwards progress.
+"""What the train function calls: `get_context()`, `report()`, `load_checkpoint()`, `phase()`,
+`get_dataset_shard()`. `report` only appends to an in-process queue; a side thread forwards
+progress.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from ray_resilience._internal.data.shard import POSITION_KEY, DatasetShard
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,15 @@ class TrainContext:
         return self.node_rank
 
 
+class PreemptionStop(BaseException):
+    """Raised by `report` at the step every rank agreed to stop at (a node is being drained);
+    a BaseException so that the train function's `except Exception` does not catch it."""
+
+    def __init__(self, step: int, durable: bool) -> None:
+        super().__init__(step, durable)
+        self.step, self.durable = step, durable
+
+
 @dataclasses.dataclass
 class CheckpointState:
     """What to save with a step: the (FSDP2-sharded) model and optimizer plus `extra` (JSON-safe
@@ -62,8 +74,14 @@ class CheckpointState:
 class _Session:
     """Per-attempt state of the rank, installed by the worker before the train function runs."""
 
-    def __init__(self, context: TrainContext, checkpointer: Any = None, faults: Any = None) -> None:
+    def __init__(self, context: TrainContext, checkpointer: Any = None, faults: Any = None,
+                 datasets: dict[str, Any] | None = None) -> None:
         self.context = context
+        self.datasets = {
+            name: DatasetShard(name, source, rank=context.world_rank,
+                               world_size=context.world_size, device=context.device)
+            for name, source in (datasets or {}).items()}
+        """This rank's shard of each of the run's datasets (`get_dataset_shard`)."""
         self.checkpointer = checkpointer
         self.faults = faults  # callable(phase, step) firing injected faults due there
         self.phase: str | None = None
@@ -81,6 +99,8 @@ class _Session:
         self.open_save: tuple[int, float, float] | None = None
         """The newest save, recorded once the optimizer step after it ran (its wait blocks too)."""
         self.events: list[dict[str, Any]] = []
+        self.stop_at: tuple[int, float] | None = None
+        """(step, deadline): save that step, wait until it is durable, stop (preemption)."""
 
     def close_save(self) -> None:
         """Records the open save with the optimizer-step wait that followed it."""
@@ -147,9 +167,14 @@ def report(metrics: dict[str, Any], *, step: int | None = None,
     if session.checkpointer is not None:
         session.close_save()  # the previous save's optimizer-step wait is known by now
     if checkpoint is not None and session.checkpointer is not None:
+        extra = checkpoint.extra
+        if session.datasets:  # the data position travels with every checkpoint
+            extra = {**extra, POSITION_KEY: {
+                name: shard.position.to_dict() for name, shard in session.datasets.items()}}
+        if _stopping(session, int(step)):
+            _stop(session, record, durable=_save_now(session, int(step), checkpoint, extra))
         blocked = session.checkpointer.maybe_save(
-            int(step), model=checkpoint.model, optimizer=checkpoint.optimizer,
-            extra=checkpoint.extra)
+            int(step), model=checkpoint.model, optimizer=checkpoint.optimizer, extra=extra)
         t_saved = time.time()
         if blocked is not None:
             session.open_save = (int(step), blocked, t_saved)
@@ -159,6 +184,8 @@ def report(metrics: dict[str, Any], *, step: int | None = None,
         if local:
             with session.lock:
                 session.checkpoint_blocking_s.extend((s, b, "local", t_saved) for s, b in local)
+    if _stopping(session, int(step)):
+        _stop(session, record, durable=False)  # no checkpoint given at this step
     with session.lock:
         session.pending.append(record)
         session.step, session.step_time = int(step), now
@@ -193,6 +220,28 @@ _said: set[str] = set()
 """What `_say_if_not_saved` has logged in this process."""
 
 
+def _stopping(session: _Session, step: int) -> bool:
+    return session.stop_at is not None and step >= session.stop_at[0]
+
+
+def _save_now(session: _Session, step: int, checkpoint: CheckpointState,
+              extra: dict[str, Any]) -> bool:
+    """Saves `step` on this rank (every rank does, at the same step) and waits until it is
+    durable or the preemption's deadline passed; True when durable."""
+    checkpointer, deadline = session.checkpointer, session.stop_at[1]
+    checkpointer.wait_idle(max(deadline - time.time(), 0.1))  # an older save out of the way
+    checkpointer.save(step, model=checkpoint.model, optimizer=checkpoint.optimizer, extra=extra)
+    return checkpointer.wait_idle(max(deadline - time.time(), 0.1))
+
+
+def _stop(session: _Session, record: dict[str, Any], *, durable: bool) -> None:
+    """Records the step and leaves the train function (see `PreemptionStop`)."""
+    with session.lock:
+        session.pending.append(record)
+        session.step, session.step_time = record["step"], record["time"]
+    raise PreemptionStop(record["step"], durable)
+
+
 def load_checkpoint(*, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None) -> Any:
     """Restores the newest checkpoint into freshly built objects, on every rank. Returns a
@@ -203,6 +252,12 @@ def load_checkpoint(*, model: torch.nn.Module,
     t0 = time.time()
     loaded = session.checkpointer.load(model=model, optimizer=optimizer)
     session.restored_step = getattr(loaded, "step", None)
+    if loaded is not None and POSITION_KEY in loaded.extra:
+        extra = dict(loaded.extra)
+        for name, saved in extra.pop(POSITION_KEY).items():
+            if name in session.datasets:  # a dataset the run no longer has is skipped
+                session.datasets[name].restore(saved)
+        loaded = dataclasses.replace(loaded, extra=extra)
     with session.lock:
         session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
                                "rank": session.context.world_rank,
@@ -212,6 +267,17 @@ def load_checkpoint(*, model: torch.nn.Module,
     if session.faults is not None:
         session.faults("checkpoint_load", None)
     return loaded
+
+
+def get_dataset_shard(name: str = "train") -> DatasetShard:
+    """This rank's shard of `ResilientTrainer(datasets={name: ...})`: iterate it with
+    `iter_torch_batches(batch_size=...)` / `iter_batches`. Its position is saved with every
+    checkpoint and restored by `load_checkpoint`, so a resume continues at the next batch."""
+    session = _require_session("get_dataset_shard")
+    if name not in session.datasets:
+        raise KeyError(f"no dataset named {name!r}: ResilientTrainer(datasets=...) has "
+                       f"{sorted(session.datasets)}")
+    return session.datasets[name]
 
 
 @contextlib.contextmanager

@@ -130,6 +130,19 @@ def _rebuild_restart_error(setting, limit, causes, ranks, last_error):
                              last_error=last_error)
 
 
+class PreemptedError(ResilienceError):
+    """Nodes hosting ranks were drained (spot reclaim, eviction) and the run could not move
+    their ranks; the step they saved resumes on the next submission."""
+
+    def __init__(self, ranks: Sequence[int], nodes: Sequence[str], step: int, fix: str) -> None:
+        self.ranks, self.nodes, self.step, self.fix = list(ranks), list(nodes), step, fix
+        super().__init__(f"ranks {self.ranks} were preempted (nodes {self.nodes} draining); "
+                         f"every rank saved step {step} first. {fix}")
+
+    def __reduce__(self):
+        return (type(self), (self.ranks, self.nodes, self.step, self.fix))
+
+
 class RunAbortedError(ResilienceError):
     """The run was stopped from the driver (Ctrl-C in `fit()`)."""
 

@@ -39,11 +39,12 @@ class ResilientTrainer:
     with its `FailureConfig` and `CheckpointConfig`; see docs/ray_train_port.md). Without
     `resilience`, the run is resilient: `ResilienceConfig.default()` (every rung, a committed
     checkpoint every 100 steps, the local tier every step); `ResilienceConfig.disabled()`
-    turns that off.
+    turns that off. `datasets` feeds the ranks through `get_dataset_shard(name)`.
     """
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
                  train_loop_config: dict[str, Any] | None = None,
+                 datasets: dict[str, Any] | None = None,
                  scaling_config: ScalingConfig | Any | None = None,
                  run_config: RunConfig | Any | None = None,
                  resilience: ResilienceConfig | None = None) -> None:
@@ -54,6 +55,7 @@ class ResilientTrainer:
             raise ConfigError("train_loop_config", train_loop_config,
                               f"got a {type(train_loop_config).__name__}, expected a dict.")
         self._fn, self._config = train_loop_per_worker, train_loop_config
+        self.datasets = _checked_datasets(datasets)
         adopted = ray_train.adopt(scaling_config, run_config, resilience)
         self.scaling_config, self.run_config = adopted.scaling, adopted.run
         self.resilience = adopted.resilience
@@ -129,7 +131,7 @@ class ResilientTrainer:
             resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
             env_vars=env, storage_path=self.run_config.storage_path,
             storage_filesystem=self.run_config.storage_filesystem,
-            callbacks=self.run_config.callbacks)
+            callbacks=self.run_config.callbacks, datasets=self.datasets)
 
     def _wait(self, supervisor: Any) -> RunOutcome:
         run_ref = supervisor.run.remote()
@@ -162,3 +164,21 @@ def _failed_error(result: Result) -> TrainingFailedError:
 
         return RayTrainingFailedError(result)
     return TrainingFailedError(result)
+
+
+def _checked_datasets(datasets: Any) -> dict[str, Any]:
+    """{name: ray.data.Dataset}, each split into global batches across the ranks."""
+    if datasets is None:
+        return {}
+    if not isinstance(datasets, dict):
+        raise ConfigError("datasets", datasets, 'pass a dict of Ray Datasets, e.g. '
+                          '{"train": ray.data.read_parquet(path)}.')
+    from ray.data import Dataset  # noqa: PLC0415 - Ray Data loads only for runs with datasets
+
+    for name, dataset in datasets.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError("datasets", name, "dataset names must be non-empty strings.")
+        if not isinstance(dataset, Dataset):
+            raise ConfigError(f"datasets[{name!r}]", dataset,
+                              "must be a ray.data.Dataset (e.g. ray.data.read_parquet(path)).")
+    return dict(datasets)

@@ -33,6 +33,8 @@ class AttemptSpec:
     """The newest globally completed step when the attempt was launched (0 at the start)."""
     faults: tuple = ()
     """Injected faults for this rank that have not fired yet."""
+    datasets: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The run's materialized datasets by name (`DatasetSource`s, the same for every rank)."""
 
     @property
     def init_method(self) -> str:

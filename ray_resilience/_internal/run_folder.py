@@ -56,6 +56,22 @@ def write_json(fs: pafs.FileSystem, path: str, payload: Any) -> None:
 
 
 
+def read_text(run_dir: str, name: str) -> str:
+    """A file of a run folder given as a path or URI (s3://bucket/prefix/run?endpoint_override=..);
+    FileNotFoundError naming it when it is not there."""
+    base, _, query = run_dir.partition("?")
+    fs, path = resolve(base.rstrip("/") + "/" + name + (f"?{query}" if query else ""))
+    try:
+        with fs.open_input_stream(path) as src:
+            return src.read().decode()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{name} not found in {run_dir}") from None
+    except OSError as exc:
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{name} not found in {run_dir}") from None
+        raise exc
+
+
 def write_run_artifacts(fs: pafs.FileSystem, run_path: str, result: Any) -> None:
     """results.json always; with a goodput report also its table and the timeline picture."""
     payload = result.summary()

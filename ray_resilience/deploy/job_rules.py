@@ -14,6 +14,11 @@ from ray_resilience.deploy.problems import DocContext, ManifestProblem, Rule
 from ray_resilience.deploy.storage_rules import path_problems
 
 GPU_RESOURCE = "nvidia.com/gpu"
+JOB_ARG_ALIASES = {"checkpoint_dir": "storage_path", "data_dir": "data",
+                   "checkpoint_freq": "checkpoint_interval", "train_batch_size": "batch_size",
+                   "max_training_steps": "max_steps"}
+"""The example job's second names (the AWS FSDP test case's) -> the names these rules read
+(ray_resilience/examples/job_args.py; tests/unit/test_example_args.py keeps them in step)."""
 _ENTRYPOINT = ("spec", "entrypoint")
 _SHELL_EXPANSION = ("$", "`")
 
@@ -25,7 +30,7 @@ def job_problems(ctx: DocContext, doc: dict[str, Any], jobs_dir: str) -> list[Ma
         return []
     text = spec.get("entrypoint")
     try:
-        entry = parse_entrypoint(text if isinstance(text, str) else "")
+        entry = _canonical(parse_entrypoint(text if isinstance(text, str) else ""))
     except ValueError as err:
         fix = "fix the shell quoting of the entrypoint"
         return [ctx.problem(_ENTRYPOINT, Rule.ENTRYPOINT_FILE, text, f"cannot parse: {err}", fix)]
@@ -34,8 +39,12 @@ def job_problems(ctx: DocContext, doc: dict[str, Any], jobs_dir: str) -> list[Ma
     if groups:
         problems += _gpu_problems(ctx, entry, groups)
         problems += path_problems(ctx, entry, groups, "storage_path", writable=True)
-        problems += path_problems(ctx, entry, groups, "data_dir", writable=False)
+        problems += path_problems(ctx, entry, groups, "data", writable=False)
     return problems
+
+
+def _canonical(entry: Entrypoint) -> Entrypoint:
+    return Entrypoint(entry.script, {JOB_ARG_ALIASES.get(k, k): v for k, v in entry.args.items()})
 
 
 def _script_problems(

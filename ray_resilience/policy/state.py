@@ -21,6 +21,9 @@ class FaultCause(enum.StrEnum):
     """A rank's side thread sent no heartbeat for `InJobConfig.heartbeat_timeout_s` (frozen)."""
     NODE_LOST = "node_lost"
     """A rank's actor died because Ray declared its node dead."""
+    PREEMPTED = "preempted"
+    """A node hosting ranks was drained (or a rank got SIGTERM): every rank saved a step and
+    stopped; the supervisor moves the ranks without asking the recovery policy."""
 
     @property
     def process_lost(self) -> bool:
@@ -30,7 +33,7 @@ class FaultCause(enum.StrEnum):
     @property
     def node_fault(self) -> bool:
         """Points at the machine more than at the code (counted per node for exclusion)."""
-        return self is not FaultCause.EXCEPTION
+        return self not in (FaultCause.EXCEPTION, FaultCause.PREEMPTED)
 
 
 _PROCESS_LOST = frozenset({FaultCause.ACTOR_DIED, FaultCause.OOM, FaultCause.UNRESPONSIVE,

@@ -240,12 +240,12 @@ def test_submitted_training_job_succeeds_and_a_misconfigured_one_fails(
     bad_id = f"submit-fail-{secrets.token_hex(4)}"
     _submit(
         local_head, bad_id, "python", "jobs/train_llama_fsdp.py", "--num_workers", "0",
-        "--storage_path", str(tmp_path / "bad-store"), "--data_dir", str(tmp_path / "bad-data"),
+        "--storage_path", str(tmp_path / "bad-store"),
     )  # fmt: skip
     _submit(
         local_head, job_id, "python", "jobs/train_llama_fsdp.py", "--max_steps", "12",
         "--num_workers", "2", "--checkpoint_interval", "5", "--storage_path", str(store),
-        "--run_name", "submit-test", "--data_dir", str(tmp_path / "data"), "--quiet",
+        "--run_name", "submit-test", "--quiet",
     )  # fmt: skip
     bad_status = local_head.wait(bad_id, JOB_FAILED_S)
     bad_logs = local_head.logs(bad_id)

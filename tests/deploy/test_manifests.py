@@ -239,7 +239,7 @@ BROKEN = [
     ("token-auth-old-ray", EKS, _set(["spec", "rayClusterSpec", "rayVersion"], "2.51.0"),
      Rule.TOKEN_AUTH, "rayVersion"),
     ("token-auth-env-override", EKS, _add([*W_CONT, "env"], {"name": "RAY_AUTH_MODE",
-     "value": "disabled"}), Rule.TOKEN_AUTH, "containers[0].env[5].value"),
+     "value": "disabled"}), Rule.TOKEN_AUTH, "containers[0].env[6].value"),
     # NetworkPolicy
     ("network-policy-missing", EKS, _without_policy, Rule.NETWORK_POLICY, LABELS),
     ("network-policy-by-cluster-name", EKS, _on_policy(lambda p: p.update(podSelector={
@@ -289,7 +289,7 @@ BROKEN = [
      "initContainers[0].command"),
     # credentials
     ("aws-secret-in-env", EKS, _add([*W_CONT, "env"], {"name": "AWS_SECRET_ACCESS_KEY",
-     "value": AWS_SECRET}), Rule.CREDENTIALS, "containers[0].env[5].value"),
+     "value": AWS_SECRET}), Rule.CREDENTIALS, "containers[0].env[6].value"),
     ("aws-key-id-in-env", CPU, _add([*H_CONT, "env"], {"name": "AWS_ACCESS_KEY_ID",
      "value": "AKIAIOSFODNN7EXAMPLE"}), Rule.CREDENTIALS, "containers[0].env[0].value"),
     ("ray-token-in-env", EKS, _add([*H_CONT, "env"], {"name": "RAY_AUTH_TOKEN",
@@ -376,17 +376,18 @@ def test_cli_finds_the_jobs_folder_beside_the_manifests(
     assert "--jobs-dir" in capsys.readouterr().err
 
 
-def test_missing_deploy_extra_is_a_one_line_install_hint(
+def test_missing_manifest_checker_is_a_one_line_install_hint(
     monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    """Without kubernetes-validate: which extra to install, exit 2, no traceback."""
+    """Without kubernetes-validate (a --no-deps install): what to install, exit 2, no
+    traceback."""
     for name in [m for m in sys.modules if m.split(".")[:2] == ["ray_resilience", "deploy"]]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # import raises ModuleNotFound
     assert cli.main(["validate-manifests", str(CONFIGS)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'kubernetes_validate'" in err, err
-    assert "pip install 'ray_resilience[deploy]'" in err, err
+    assert cli.INSTALL_HINT in err, err
 
 
 def test_strict_schema_closes_objects_but_keeps_open_ones_open() -> None:

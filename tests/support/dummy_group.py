@@ -192,6 +192,12 @@ class DummyWorkerGroup:
 
     # --- where ranks are, and the end -----------------------------------------------------------
 
+    def stop_at(self, ranks: list[int], attempt: int, step: int, deadline: float) -> None:
+        """No scripted rank is ever preempted."""
+
+    def draining_nodes(self) -> dict[str, float]:
+        return {}
+
     def node_of_rank(self, rank: int) -> str:
         return "node-a"
 

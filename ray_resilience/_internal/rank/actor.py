@@ -8,6 +8,9 @@ When that fails (the train function's module is not importable here), the actor 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 from typing import Any
 
 from ray_resilience._internal.rank import preimport
@@ -31,6 +34,15 @@ class WorkerActor:
             self._worker = Worker(cloudpickle.loads(train_fn), train_config, supervisor)
         except Exception as exc:  # noqa: BLE001 - reported through info(): the user's error
             self._startup_error = describe_startup(exc)
+            return
+        if threading.current_thread() is threading.main_thread():  # signal handlers live there
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """A rank told to terminate saves a step first (see `Worker.on_sigterm`); an idle actor
+        exits as Ray's own handler would."""
+        if self._worker is None or not self._worker.on_sigterm():
+            sys.exit(1)
 
     def info(self) -> dict[str, Any]:
         if self._worker is None:
@@ -57,6 +69,9 @@ class WorkerActor:
 
     def interrupt(self, attempt: int) -> bool:
         return self._worker is not None and self._worker.interrupt(attempt)
+
+    def stop_at(self, attempt: int, step: int, deadline: float) -> int | None:
+        return self._worker.stop_at(attempt, step, deadline)
 
     def run_attempt(self, spec: Any) -> Any:
         return self._worker.run_attempt(spec)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import logging
 import os
 import socket
 import threading
@@ -43,8 +44,10 @@ from ray_resilience._internal.rank.interrupt import (
     cancel_async_raise,
 )
 from ray_resilience._internal.rank.progress import ProgressForwarder
-from ray_resilience.context import TrainContext, _Session, _set_session
+from ray_resilience.context import PreemptionStop, TrainContext, _Session, _set_session
 from ray_resilience.testing.fire import fire
+
+log = logging.getLogger(__name__)
 
 
 def _wait_listening(host: str, port: int, timeout_s: float) -> None:
@@ -92,7 +95,23 @@ class Worker:
         self._aborter = CollectiveAborter()
         self._fired: set[str] = set()
         self._checkpointer: Any = None
+        self._session: _Session | None = None
+        """The running attempt's session (`stop_at` reaches into it)."""
 
+
+    def on_sigterm(self) -> bool:
+        """This process got SIGTERM: while an attempt runs, the supervisor hears of it and every
+        rank saves a step before this one moves (`PreemptionWatch`). False: nothing runs here,
+        the caller exits as Ray would."""
+        session = self._session
+        if session is None:
+            return False
+        rank = session.context.world_rank
+        log.warning("rank %d got SIGTERM: saving a step before leaving", rank)
+        # A thread: the handler runs on the main thread between Ray's task calls.
+        threading.Thread(target=self._supervisor.rank_terminated.remote, args=(rank,),
+                         daemon=True, name="rr-sigterm").start()
+        return True
 
     def info(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
@@ -146,10 +165,23 @@ class Worker:
         return True
 
 
+    def stop_at(self, attempt: int, step: int, deadline: float) -> int | None:
+        """Preemption: at `step`, save it, wait until it is durable (until `deadline`, wall time)
+        and leave the train function. Returns the newest step this rank reported."""
+        session = self._session
+        if session is None or self._attempt != attempt:
+            return None
+        session.stop_at = (step, deadline)
+        if session.step is not None and session.step >= step:
+            log.warning("stop requested at step %d, but this rank already reported step %d",
+                        step, session.step)
+        return session.step
+
     def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
         """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
         t0 = time.time()
-        session = _Session(self._context(spec), faults=self._fault_hook(spec))
+        session = _Session(self._context(spec), faults=self._fault_hook(spec),
+                           datasets=spec.datasets)
         forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
                                       attempt=spec.attempt, interval_s=spec.progress_interval_s)
         # Heartbeats start now: a rank still releasing groups or prewarming is alive, not silent.
@@ -177,6 +209,7 @@ class Worker:
             forwarder.stop()
             raise
         session.checkpointer = self._checkpointer
+        self._session = session
         box: dict[str, Any] = {}
         self._thread = threading.Thread(
             target=self._train_thread, args=(spec, session, box),
@@ -190,9 +223,10 @@ class Worker:
         self._release_thread = threading.Thread(target=self._release_groups, daemon=True,
                                                 name=f"rr-release-a{spec.attempt}")
         self._release_thread.start()
+        self._session = None
         error = box.get("error")
-        status = ("interrupted" if self._interrupted.is_set()
-                  else "failed" if error else "finished")
+        status = ("interrupted" if self._interrupted.is_set() else "failed" if error
+                  else "preempted" if "preempted" in box else "finished")
         return AttemptOutcome(
             rank=spec.rank, attempt=spec.attempt, status=status, error=error,
             failed_at=box.get("failed_at"), return_value=box.get("return"), metrics=metrics,
@@ -215,7 +249,11 @@ class Worker:
                 _set_session(session)
                 if session.faults is not None:
                     session.faults("init", None)
-                returned = self._call_user_fn()
+                try:
+                    returned = self._call_user_fn()
+                except PreemptionStop as stop:  # every rank saved the agreed step and left
+                    box["preempted"] = stop.step
+                    return
                 box["return"] = None if returned is None else cloudpickle.dumps(returned)
                 if self._checkpointer is not None:  # the run's last save must commit too
                     self._checkpointer.wait_idle(

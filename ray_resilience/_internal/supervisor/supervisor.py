@@ -23,6 +23,7 @@ from ray_resilience._internal.constants import (
     SHUTDOWN_TIMEOUT_ENV_VAR,
     env_float,
 )
+from ray_resilience._internal.preemption import PreemptionWatch
 from ray_resilience._internal.supervisor.checkpoints import RunCheckpoints
 from ray_resilience._internal.supervisor.detection import FaultDetector
 from ray_resilience._internal.supervisor.dispatch import Dispatcher
@@ -50,9 +51,10 @@ from ray_resilience._internal.supervisor.state import (
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
 from ray_resilience.config import ResilienceConfig, ScalingConfig
-from ray_resilience.errors import ConfigError, ResilienceError, RunAbortedError
+from ray_resilience.errors import ConfigError, PreemptedError, ResilienceError, RunAbortedError
 from ray_resilience.policy.base import Action, Decision
 from ray_resilience.policy.ladder import create_recovery_policy
+from ray_resilience.policy.state import FaultCause
 from ray_resilience.timeouts import LearnedTimeouts
 
 SPARE_REPLENISH_MAX_DELAY_S = 10.0
@@ -71,10 +73,12 @@ class Supervisor:
     def __init__(self, *, train_fn: bytes, train_config: Any, scaling: ScalingConfig,
                  resilience: ResilienceConfig, run_name: str, run_dir: str,
                  env_vars: dict[str, str], storage_path: str = "", storage_filesystem: Any = None,
-                 callbacks: Sequence[Callback] = (),
+                 callbacks: Sequence[Callback] = (), datasets: dict[str, Any] | None = None,
                  worker_group_factory: WorkerGroupFactory | None = None,
                  clock: Clock | None = None) -> None:
         self._train_fn, self._train_config = train_fn, train_config
+        self._datasets: dict[str, Any] = dict(datasets or {})
+        """Ray Datasets by name: materialized when the run schedules (`DatasetSource`s after)."""
         self._scaling, self._cfg = scaling, resilience
         self.run_name, self._run_dir, self._env_vars = run_name, run_dir, env_vars
         self._group_factory = worker_group_factory or create_worker_group
@@ -97,6 +101,7 @@ class Supervisor:
             resilience.checkpoint, storage_path=storage_path, storage_filesystem=storage_filesystem,
             run_name=run_name, record=self.record, clock=self._clock, emit=self._dispatcher.emit)
         self._history = FaultHistory()
+        self._preemption = PreemptionWatch()
         self._abort = threading.Event()
         self._t_start, self._t_end = self._clock.time(), 0.0
         self._pids: list[int] = []
@@ -124,6 +129,10 @@ class Supervisor:
     def fault_fired(self, fault_id: str, info: dict[str, Any]) -> None:
         """An injected fault is about to fire (recorded before: a SIGKILL loses the rest)."""
         self._history.fault_fired(fault_id, info)
+
+    def rank_terminated(self, rank: int) -> None:
+        """A rank's process got SIGTERM: the ranks save a step and that rank moves."""
+        self._preemption.rank_terminated(rank)
 
     def status(self) -> dict[str, Any]:
         """A snapshot for the driver's live display, with the recent events to print."""
@@ -192,6 +201,12 @@ class Supervisor:
             env_vars=self._env_vars, num_spares=in_job.num_spares if in_job else 0,
             num_prestarted=in_job.num_prestarted_workers if in_job else 0)
         self._detector = FaultDetector(self._group, self._cfg, self._timeouts, self._clock)
+        if self._datasets:
+            t0 = self._clock.time()
+            from ray_resilience._internal.data.materialize import materialize  # noqa: PLC0415 - Ray Data loads only for runs with datasets
+
+            self._datasets = materialize(self._datasets)
+            self.record.startup_phase("datasets", t0, self._clock.time())
         t0 = self._clock.time()
         self._group.reserve(self._cfg.placement_timeout_s)
         self.record.startup_phase("placement", t0, self._clock.time())
@@ -247,7 +262,7 @@ class Supervisor:
             checkpoint_spec=self._checkpoints.rank_spec(r),
             resume_hint=self.record.global_step or 0,
             faults=tuple(f for f in plan if f.rank == r and f.id not in fired
-                         and f.kind.fired_in_worker))
+                         and f.kind.fired_in_worker), datasets=self._datasets)
             for r in range(group.world_size)]
         self.record.start_attempt(self._attempt)
         self._futures = group.launch(specs)
@@ -255,15 +270,58 @@ class Supervisor:
     def _on_running(self, current: State) -> State:
         self._checkpoints.poll()
         self._upkeep()
+        self._watch_preemption()
         found = self._detector.collect(self._futures, self._attempt)
         for outcome in found.outcomes:
             self.record.add_outcome(outcome)
+        self._preemption.note_outcomes(found.outcomes)
         for ref in found.done:
             self._futures.pop(ref, None)
         fault = found.fault or self._detector.silence(self.record.rank_statuses(), self._attempt)
         if fault is not None:
+            self._preemption.take()  # seen again, if still draining, in the next attempt
             return self._on_fault(fault)
-        return current if self._futures else Ended(RunState.FINISHED)
+        if self._futures:
+            return current
+        if self._preemption.notice is not None and self._preemption.stopped:
+            return self._on_preempted()
+        return Ended(RunState.FINISHED)
+
+    def _watch_preemption(self) -> None:
+        """On a new drain notice (or a rank's SIGTERM), asks every rank to stop at one step."""
+        statuses = self.record.rank_statuses().values()
+        newest = max((s.step for s in statuses if s.step is not None),
+                     default=self.record.global_step or 0)
+        notice = self._preemption.check(self._group, self._attempt, newest, self._step_time())
+        if notice is not None:
+            self._group.stop_at(list(range(self._group.world_size)), self._attempt,
+                                notice.step, notice.deadline)
+
+    def _step_time(self) -> float | None:
+        """Recent seconds per step on rank 0 (None before two steps)."""
+        with self.record.lock:
+            times = [m["time"] for m in self.record.history[-16:] if m.get("rank") == 0]
+        return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+
+    def _on_preempted(self) -> State:
+        """Every rank saved the agreed step and stopped: the preempted ranks move elsewhere
+        (their nodes excluded) and all ranks resume from that step."""
+        notice = self._preemption.take()
+        self._preemption.stopped.clear()
+        fix = ("resubmit with the same RunConfig.name to resume from it, or set "
+               "ResilienceConfig.in_job (InJobConfig) to move the ranks within the job.")
+        error = PreemptedError(notice.ranks, notice.nodes, notice.step, fix)
+        fault = self._history.add(DetectedFault(
+            cause=FaultCause.PREEMPTED, ranks=notice.ranks, attempt=self._attempt,
+            t_detect=notice.t_notice, t_fault=notice.t_notice, error=error),
+            self.record, self._group)
+        log.warning("[%s attempt %d] preempted: ranks %s stopped at step %s", self.run_name,
+                    self._attempt, list(notice.ranks), fault.step)
+        self._dispatcher.emit(detected_event(fault))
+        self._dispatcher.flush()
+        if self._cfg.in_job is None:
+            return Ended(RunState.FAILED, error)
+        return Repairing.of(fault, Decision.respawn_ranks(notice.ranks, notice.nodes))
 
     def _upkeep(self) -> None:
         """New spares for those a recovery used, once its attempt completed a step (their

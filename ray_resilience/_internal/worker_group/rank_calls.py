@@ -1,5 +1,6 @@
-"""The Ray calls the supervisor makes on its ranks: waits on run calls, their outcomes, interrupts
-and health checks. Mixed into `WorkerGroup`; a dummy group in unit tests has the same methods."""
+"""The Ray calls the supervisor makes on its ranks: waits on run calls, their outcomes, interrupts,
+health checks and preemption stops. Mixed into `WorkerGroup`; a dummy group in unit tests has
+the same methods."""
 
 from __future__ import annotations
 
@@ -78,3 +79,19 @@ class RankCalls:
 
     def available_resources(self) -> dict[str, float]:
         return ray.available_resources()
+
+    def stop_at(self, ranks: list[int], attempt: int, step: int, deadline: float) -> None:
+        """Asks `ranks` to save `step`, wait until it is durable (by `deadline`, wall time) and
+        leave their train function (fire and forget)."""
+        for rank in ranks:
+            self.actors[rank].stop_at.remote(attempt, step, deadline)
+
+    def draining_nodes(self) -> dict[str, float]:
+        """Nodes being drained (SIGTERM to their `ray start`, the autoscaler, `ray drain-node`)
+        -> the drain's deadline in wall seconds (0: none). Read from the GCS."""
+        try:
+            draining = ray._private.state.state.get_draining_nodes()  # no public API in Ray 2.60
+        except Exception as exc:  # noqa: BLE001 - a GCS hiccup: ask again next time
+            log.debug("could not read the draining nodes: %s", exc)
+            return {}
+        return {node: ms / 1000.0 for node, ms in draining.items()}
