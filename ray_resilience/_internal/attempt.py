@@ -33,6 +33,8 @@ class AttemptSpec:
     """The newest globally completed step when the attempt was launched (0 at the start)."""
     faults: tuple = ()
     """Injected faults for this rank that have not fired yet."""
+    progress_sink: Any = None
+    """Where the rank's side thread sends heartbeats: its node's agent, or None (the supervisor)."""
 
     @property
     def init_method(self) -> str:

@@ -42,6 +42,7 @@ from ray_resilience._internal.rank.interrupt import (
     async_raise,
     cancel_async_raise,
 )
+from ray_resilience._internal.rank.liveness import ActivityProbe
 from ray_resilience._internal.rank.progress import ProgressForwarder
 from ray_resilience.context import TrainContext, _Session, _set_session
 from ray_resilience.testing.fire import fire
@@ -150,8 +151,10 @@ class Worker:
         """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
         t0 = time.time()
         session = _Session(self._context(spec), faults=self._fault_hook(spec))
-        forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
-                                      attempt=spec.attempt, interval_s=spec.progress_interval_s)
+        probe = ActivityProbe()
+        forwarder = ProgressForwarder(spec.progress_sink or self._supervisor, session,
+                                      rank=spec.rank, attempt=spec.attempt,
+                                      interval_s=spec.progress_interval_s, activity=probe.sample)
         # Heartbeats start now: a rank still releasing groups or prewarming is alive, not silent.
         forwarder.start()
         try:
@@ -177,7 +180,9 @@ class Worker:
             target=self._train_thread, args=(spec, session, box),
             name=f"rr-train-r{spec.rank}-a{spec.attempt}", daemon=True)
         self._thread.start()
+        probe.watch(self._thread.ident)
         self._thread.join()
+        probe.watch(None)
         metrics, step, step_time, saves, events = forwarder.stop()
         if self._checkpointer is not None:  # no reference to this attempt's model survives it
             self._checkpointer.end_attempt()
