@@ -113,7 +113,7 @@ def one_size(cluster: Cluster, world: int, args: argparse.Namespace) -> dict[str
             timeout=60)
     outcome = ray.get(run_ref, timeout=300)
     out["run_state"], out["control"] = outcome.state, outcome.control
-    out["save_rounds"] = save_rounds(hosts[:len(host_nodes)], world, args.rounds)
+    out["save_rounds"] = save_rounds(hosts[:len(host_nodes)], total, args.rounds)
     for actor in [supervisor, probe, *hosts]:
         ray.kill(actor)
     return out
