@@ -18,7 +18,9 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ray_resilience._internal.constants import checkpoint_call_timeout_s
 from ray_resilience._internal.control.batch import ProgressFolder
+from ray_resilience._internal.control.votes import VoteGatherer
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ class NodeAgent:
     def __init__(self, supervisor: Any, node: str, interval_s: float) -> None:
         self._supervisor, self.node, self._interval_s = supervisor, node, interval_s
         self._folder = ProgressFolder(node)
+        self._votes = VoteGatherer()
         self._stop = threading.Event()
         self.sent = 0
         restarted = _was_restarted()
@@ -45,8 +48,16 @@ class NodeAgent:
                   metrics: list[dict[str, Any]], saves: list, sent_at: float,
                   events: list[dict[str, Any]], activity: int | None = None) -> None:
         """A rank's periodic progress (same arguments as `Supervisor.heartbeat`)."""
+        self._votes.seen(rank, attempt)
         self._folder.add(rank, attempt, step, step_time, metrics, saves, sent_at, events,
                          activity)
+
+    def vote(self, coordinator: Any, session: str, step: int, rank: int, ready: bool,
+             plan_id: str, keys: Any, wait_s: float) -> Any:
+        """A rank's vote in a save round (`CommitCoordinator.vote`'s arguments), sent with the
+        node's other votes of that round in one `vote_many`; returns this rank's outcome."""
+        return self._votes.vote(coordinator, session, step, rank, ready, plan_id, keys, wait_s,
+                                checkpoint_call_timeout_s())
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):

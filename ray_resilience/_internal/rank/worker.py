@@ -175,6 +175,8 @@ class Worker:
             forwarder.stop()
             raise
         session.checkpointer = self._checkpointer
+        if self._checkpointer is not None:
+            self._checkpointer.set_vote_relay(spec.progress_sink)
         box: dict[str, Any] = {}
         self._thread = threading.Thread(
             target=self._train_thread, args=(spec, session, box),
