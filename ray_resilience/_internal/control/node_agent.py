@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 from typing import Any
 
 import ray
@@ -24,6 +25,8 @@ from ray_resilience._internal.control.votes import VoteGatherer
 
 log = logging.getLogger(__name__)
 
+AGENT_NAME_PREFIX = "ray_resilience:agent:"
+"""Agents are named actors (`<prefix><node id>:<unique>`), so operators and tests find them."""
 AGENT_MAX_CONCURRENCY = 64
 """Threaded: heartbeats from the node's ranks are handled while the forwarder sends."""
 
@@ -99,6 +102,7 @@ def _was_restarted() -> bool:
 def start_agent(supervisor: Any, node: str, interval_s: float) -> Any:
     """An agent pinned to `node` (hard: it exists to serve that node's ranks); no CPU reserved."""
     return ray.remote(NodeAgent).options(
+        name=f"{AGENT_NAME_PREFIX}{node}:{uuid.uuid4().hex[:8]}",
         num_cpus=0, max_concurrency=AGENT_MAX_CONCURRENCY, max_restarts=-1, max_task_retries=-1,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
     ).remote(supervisor, node, interval_s)
