@@ -31,11 +31,16 @@ def clean(clean_run):
 
 
 def coarse_loop(cfg: dict) -> float:
-    """Steps of 1 s (an all-reduce, then the rest of the second), a report every 10 steps."""
+    """Steps of 1 s (some compute, an all-reduce, then waiting out the second: a data loader, a
+    slower peer), a report every 10 steps."""
     ctx = rr.get_context()
     total = torch.zeros(())
+    weight = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
     for step in range(1, cfg["steps"] + 1):
         t0 = time.monotonic()
+        x = torch.ones(256, 256)
+        for _ in range(20):
+            x = torch.tanh(x @ weight)
         value = torch.tensor(float(step * (ctx.world_rank + 1)))
         dist.all_reduce(value)
         total += value

@@ -42,6 +42,7 @@ def test_a_node_batch_keeps_each_ranks_newest_beat_and_groups_reports_per_step()
     assert not folder.take()  # the next batch starts empty
 
 
+@pytest.mark.timeout(180)  # about 3 s on an idle core; tracemalloc slows it on a busy one
 def test_the_run_record_stays_bounded_over_a_hundred_thousand_reports():
     world, steps = 100, 1_000
     record = RunRecord(world, clock=FakeClock())
@@ -130,3 +131,26 @@ def test_the_probe_counts_a_thread_that_moves_and_not_one_that_is_blocked():
     assert moved == first + 1 and probe.sample() == moved
     release_b.set()
     thread.join(10)
+
+
+def test_the_probe_counts_cpu_work_on_one_line_as_movement():
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set(): pass  # noqa: E701 - one line: only CPU time can show the work
+
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+    probe = ActivityProbe()
+    probe.watch(thread.ident)
+    first = probe.sample()
+    deadline = threading.Event()
+    moved = first
+    for _ in range(200):  # until the thread has had 5 ms of CPU; no timing asserted
+        deadline.wait(0.01)
+        moved = probe.sample()
+        if moved > first:
+            break
+    stop.set()
+    thread.join(10)
+    assert moved > first

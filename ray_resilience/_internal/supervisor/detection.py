@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 ERROR_GRACE_S = 0.05
 """After a first error, how long to wait for peers' errors so the earliest one is reported."""
+HANG_GRACE_S = 1.0
+"""Ranks this close to their limit are reported with a hung one: a hung rank's peers block in
+their next collective a moment before or after it stops moving."""
 
 
 class RunFutures(Protocol):
@@ -123,13 +126,15 @@ class FaultDetector:
         # while any rank is in a phase, the longest limit in force applies to every rank.
         limits = {s.rank: (self._timeouts.limit(_phase_of(s)[0]), _phase_of(s)[1]) for s in pending}
         group = max(limits.values(), default=(0.0, ""))
-        hung = []
+        hung, near = [], []
         for s in pending:
             limit, setting = group if any(p.phase for p in pending) else limits[s.rank]
-            if s.silent_for(now) > limit:
-                hung.append((s.rank, s.silent_for(now), setting, limit))
+            if s.silent_for(now) > limit - min(HANG_GRACE_S, limit / 2):
+                (hung if s.silent_for(now) > limit else near).append(
+                    (s.rank, s.silent_for(now), setting, limit))
         if not hung:
             return None
+        hung = sorted(hung + near)
         err = HangError([h[0] for h in hung], attempt, max(h[1] for h in hung),
                         hung[0][2], hung[0][3])
         return DetectedFault(cause=FaultCause.HANG, ranks=tuple(h[0] for h in hung),
