@@ -104,7 +104,8 @@ def one_size(cluster: Cluster, world: int, args: argparse.Namespace) -> dict[str
                         for v in victims]
     out["memory"] = None
     if world >= args.memory_at:
-        ray.get([h.set_step_s.remote(args.memory_step_s) for h in hosts[:len(host_nodes)]])
+        ray.get([h.set_step_s.remote(args.memory_step_s, args.memory_report_every)
+                 for h in hosts[:len(host_nodes)]])
         out["memory"] = measure.memory_run(supervisor, watch, args.memory_steps,
                                            args.memory_timeout)
         ray.get([h.set_step_s.remote(args.step_s) for h in hosts[:len(host_nodes)]])
@@ -131,7 +132,7 @@ def _remove(cluster: Cluster, node: Any) -> float:
     return t0
 
 
-def start_cluster(tries: int = 3) -> Cluster:
+def start_cluster(tries: int = 6) -> Cluster:
     """The head (driver, supervisor, coordinator) and the host nodes; retried, since Ray gives a
     node 30 s to register and a loaded machine can miss that."""
     for attempt in range(tries):
@@ -145,6 +146,7 @@ def start_cluster(tries: int = 3) -> Cluster:
             print(f"cluster start failed ({exc}); retrying", flush=True)
             if attempt == tries - 1:
                 raise
+            time.sleep(10.0)
             try:
                 cluster.shutdown()
             except Exception:  # noqa: BLE001 - half-started: nothing more to stop
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-steps", type=int, default=10_000)
     p.add_argument("--memory-at", type=int, default=4096, help="smallest N with a memory run")
     p.add_argument("--memory-step-s", type=float, default=0.02, help="step time of that run")
+    p.add_argument("--memory-report-every", type=int, default=10,
+                   help="steps between a rank's reports in that run")
     p.add_argument("--memory-timeout", type=float, default=1800.0)
     args = p.parse_args(argv)
     if args.quick:

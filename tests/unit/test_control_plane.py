@@ -94,7 +94,7 @@ def test_an_agent_restart_excuses_its_ranks_silence():
 
 def test_the_metrics_log_keeps_every_report_and_reads_back_the_newest(tmp_path):
     fs = pafs.LocalFileSystem()
-    log = MetricsLog(fs, str(tmp_path))
+    log = MetricsLog(fs, str(tmp_path / "run"))  # the run folder is created on first write
     folder = ProgressFolder("n")
     for step in range(1, 101):
         folder.add_reports(0, [_report(r, step) for r in range(3)])

@@ -38,6 +38,7 @@ class RankHost:
 
     def __init__(self, interval_s: float, step_s: float) -> None:
         self._interval_s, self._step_s = interval_s, step_s
+        self._report_every = 1
         self._agents: dict[str, NodeAgent] = {}
         self._ranks: dict[int, VirtualRank] = {}
         self._ticker: asyncio.Task | None = None
@@ -78,12 +79,14 @@ class RankHost:
             vr.attempt = -1
         return now
 
-    async def set_step_s(self, step_s: float) -> None:
-        """Steps from now on take `step_s` (the memory run compresses 10,000 steps)."""
+    async def set_step_s(self, step_s: float, report_every: int = 1) -> None:
+        """Steps from now on take `step_s` and ranks report every `report_every` steps (the
+        memory run compresses 10,000 steps; every rank reports the same steps, as a loop that
+        calls `report` every k steps does)."""
         now = time.time()
         for vr in self._ranks.values():
             vr.base, vr.started = vr.step, now
-        self._step_s = step_s
+        self._step_s, self._report_every = step_s, report_every
 
     async def freeze(self, rank: int) -> float:
         """The rank's training thread stops (a hang): heartbeats go on, steps and activity stop."""
@@ -136,8 +139,9 @@ class RankHost:
             target = vr.base + int((now - vr.started) / self._step_s)
             while vr.step < target:
                 vr.step += 1
-                reports.append({"loss": 1.0 / vr.step, "step": vr.step, "rank": vr.rank,
-                                "time": now})
+                if vr.step % self._report_every == 0:
+                    reports.append({"loss": 1.0 / vr.step, "step": vr.step,
+                                    "rank": vr.rank, "time": now})
         self._agents[vr.node].heartbeat(vr.rank, vr.attempt, vr.step or None, now, reports, [],
                                         now, [], vr.activity)
         self.heartbeats += 1

@@ -58,6 +58,7 @@ class MetricsLog:
                 return
             try:
                 if self._stream is None:
+                    self._fs.create_dir(posixpath.dirname(self.path), recursive=True)
                     self._stream = self._fs.open_output_stream(self.path)
                 data = b"".join(chunks)
                 self._stream.write(data)
