@@ -15,6 +15,7 @@ from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
 from ray_resilience._internal.rank.liveness import ActivityProbe
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.run_record import RECENT_REPORTS, RunRecord
+from ray_resilience.errors import HangError, format_ranks
 from tests.support.dummy_group import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
@@ -154,3 +155,10 @@ def test_the_probe_counts_cpu_work_on_one_line_as_movement():
     stop.set()
     thread.join(10)
     assert moved > first
+
+
+def test_rank_lists_in_messages_are_ranges_so_thousands_of_ranks_stay_one_line():
+    assert format_ranks([0]) == "[0]" and format_ranks([3, 1]) == "[1, 3]"
+    assert format_ranks([*range(16, 4096), 7, 5, 6, 9, 10]) == "[5-7, 9, 10, 16-4095]"
+    error = HangError(range(4096), 2, 13.0, "InJobConfig.heartbeat_timeout_s", 10.0)
+    assert str(error).startswith("ranks [0-4095] made no progress for 13.0 s in attempt 2")

@@ -54,7 +54,7 @@ from ray_resilience._internal.supervisor.state import (
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
 from ray_resilience.config import ResilienceConfig, ScalingConfig
-from ray_resilience.errors import ConfigError, RunAbortedError
+from ray_resilience.errors import ConfigError, RunAbortedError, format_ranks
 from ray_resilience.policy.base import Action, Decision
 from ray_resilience.policy.ladder import create_recovery_policy
 from ray_resilience.timeouts import LearnedTimeouts
@@ -318,7 +318,7 @@ class Supervisor:
     def _on_fault(self, fault: DetectedFault) -> State:
         fault = self._history.add(fault, self.record, self._group)
         log.error("[%s attempt %d] %s on ranks %s: %s", self.run_name, self._attempt,
-                  fault.cause.value, list(fault.ranks), fault.error)
+                  fault.cause.value, format_ranks(fault.ranks), fault.error)
         self._dispatcher.emit(detected_event(fault))
         self._dispatcher.flush()
         decision = self._policy.decide(fault.record(), self._history.state(
