@@ -44,13 +44,14 @@ HOST_NODES = 3
 """Ray nodes hosting virtual ranks (besides the head: supervisor, coordinator, driver)."""
 
 
-def resilience(step_timeout_s: float) -> rr.ResilienceConfig:
+def resilience(step_timeout_s: float, heartbeat_timeout_s: float) -> rr.ResilienceConfig:
     """The defaults, with a short hang timeout so hang trials are quick, and budgets for many
     trials."""
     return rr.ResilienceConfig(
         in_process=rr.InProcessConfig(max_restarts=10_000, max_attempts_without_progress=10_000),
         in_job=rr.InJobConfig(max_restarts=10_000, max_attempts_without_progress=10_000,
-                              num_prestarted_workers=0, heartbeat_timeout_s=10.0),
+                              num_prestarted_workers=0,
+                              heartbeat_timeout_s=heartbeat_timeout_s),
         step_timeout_s=step_timeout_s, first_step_timeout_s=60.0)
 
 
@@ -86,7 +87,8 @@ def one_size(cluster: Cluster, world: int, args: argparse.Namespace) -> dict[str
         scheduling_strategy=NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False),
     ).remote(train_fn=b"", train_config=None, scaling=rr.ScalingConfig(num_workers=total),
-             resilience=resilience(args.step_timeout), run_name="bench", run_dir=storage,
+             resilience=resilience(args.step_timeout, args.heartbeat_timeout),
+             run_name="bench", run_dir=storage,
              env_vars={}, storage_path=storage, callbacks=[ProbeCallback(probe)],
              worker_group_factory=sim_group_factory(slots, RANKS_PER_NODE))
     run_ref = supervisor.run.remote()
@@ -100,7 +102,7 @@ def one_size(cluster: Cluster, world: int, args: argparse.Namespace) -> dict[str
                                       "died", 60, seed=world)
     out["hung_rank"] = measure.trials(events, rank_host.__getitem__, world, args.hang_trials,
                                       "hang", args.step_timeout + 60, seed=world + 1)
-    out["lost_node"] = [measure.trial(events, lambda v=v: _remove(cluster, v), None, 120)
+    out["lost_node"] = [measure.guarded(events, lambda v=v: _remove(cluster, v), None, 120)
                         for v in victims]
     out["memory"] = None
     if world >= args.memory_at:
@@ -169,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.25, help="progress_interval_s")
     p.add_argument("--step-s", type=float, default=0.5, help="simulated step time")
     p.add_argument("--step-timeout", type=float, default=3.0)
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                   help="InJobConfig.heartbeat_timeout_s (its default)")
     p.add_argument("--window", type=float, default=15.0)
     p.add_argument("--dead-trials", type=int, default=20)
     p.add_argument("--hang-trials", type=int, default=5)
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(report.summary_row(doc["sizes"][-1])), flush=True)
     finally:
         doc["duration_s"] = time.time() - t_start
+        doc["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "control_plane.json")
         with open(path, "w", encoding="utf-8") as f:

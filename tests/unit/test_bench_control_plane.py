@@ -52,3 +52,11 @@ def test_the_section_shows_each_size_with_its_measured_figures() -> None:
     assert "| 4096 | 256 | 12.5% | 150 MB | 16 | 128 | 250.0 ms / 250.0 ms (n=1) |" in text
     assert "101 → 101 MB over 1000 steps" in text and "Quick run" in text
     assert control_plane.memory_growth(doc["sizes"][0]["memory"])["slope_bytes_per_step"] == 0.0
+
+
+def test_a_failed_trial_is_counted_not_averaged() -> None:
+    trials = [{"detect_s": 0.25, "launch_s": 0.5, "cause": "actor_died"},
+              {"error": "no matching event within 120 s"}]
+    assert control_plane.values(trials, "detect_s") == [0.25]
+    assert control_plane._p(trials) == "250.0 ms / 250.0 ms (n=1, 1 failed)"
+    assert control_plane._p(trials[1:]) == "1 failed"

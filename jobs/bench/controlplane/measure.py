@@ -4,6 +4,7 @@ through a steady window, dead-rank, hung-rank and lost-node trials, and a long r
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
@@ -105,12 +106,38 @@ def trials(events: Events, hosts_of: Callable[[int], Any], world: int, count: in
         rank = rng.randrange(world)
         host = hosts_of(rank)
         if kind == "hang":
-            out.append(trial(events, lambda h=host, r=rank: ray.get(h.freeze.remote(r)),
-                             "hang", timeout_s))
+            inject, cause = functools.partial(_freeze, host, rank), "hang"
         else:
-            out.append(trial(events, lambda h=host, r=rank: ray.get(h.end.remote([r], "died")),
-                             "actor_died", timeout_s))
+            inject, cause = functools.partial(_kill, host, rank), "actor_died"
+        out.append(guarded(events, inject, cause, timeout_s))
     return out
+
+
+def guarded(events: Events, inject: Callable[[], float], cause: str | None, timeout_s: float,
+            ) -> dict[str, Any]:
+    """`trial`, or `{"error": ...}` when it fails (a finding kept in the results), once the run
+    steps again."""
+    try:
+        return trial(events, inject, cause, timeout_s)
+    except (RuntimeError, TimeoutError) as exc:
+        settle(events)
+        return {"error": str(exc)[:300]}
+
+
+def _freeze(host: Any, rank: int) -> float:
+    return ray.get(host.freeze.remote(rank))
+
+
+def _kill(host: Any, rank: int) -> float:
+    return ray.get(host.end.remote([rank], "died"))
+
+
+def settle(events: Events, timeout_s: float = 180.0) -> None:
+    """Waits until the run steps again after an unexpected event."""
+    try:
+        events.wait_for(lambda e: e["hook"] == "step", timeout_s)
+    except TimeoutError:
+        pass
 
 
 def memory_run(supervisor: Any, watch: Watch, steps: int, timeout_s: float,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report.control_plane import SCHEMA, memory_growth, quantile
+from report.control_plane import SCHEMA, memory_growth, quantile, values
 
 __all__ = ["SCHEMA", "plot", "summary_row"]
 
@@ -14,9 +14,9 @@ def summary_row(e: dict[str, Any]) -> dict[str, Any]:
     return {"N": e["world_size"],
             "supervisor_cpu": round(e["steady"]["supervisor_cpu_core_fraction"], 3),
             "rss_mb": round(e["steady"]["supervisor_rss_mb"]),
-            "dead_p99_s": quantile([t["detect_s"] for t in e["dead_rank"]], 0.99),
-            "hung_p99_s": quantile([t["detect_s"] for t in e["hung_rank"]], 0.99),
-            "node_p99_s": quantile([t["detect_s"] for t in e["lost_node"]], 0.99),
+            "dead_p99_s": quantile(values(e["dead_rank"], "detect_s"), 0.99),
+            "hung_p99_s": quantile(values(e["hung_rank"], "detect_s"), 0.99),
+            "node_p99_s": quantile(values(e["lost_node"], "detect_s"), 0.99),
             "memory": memory_growth(e.get("memory"))}
 
 
@@ -47,7 +47,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
             ax.legend(fontsize=8)
 
     def q(key: str, field: str, p: float) -> list[float | None]:
-        return [quantile([t[field] for t in e[key]], p) for e in sizes]
+        return [quantile(values(e[key], field), p) for e in sizes]
 
     panel(axes[0], "supervisor CPU", {"steady": [100 * e["steady"]["supervisor_cpu_core_fraction"]
                                                  for e in sizes]}, "% of a core")
@@ -60,9 +60,9 @@ def plot(doc: dict[str, Any], path: str) -> None:
                                      "hung rank": q("hung_rank", "detect_s", 0.99),
                                      "lost node": q("lost_node", "detect_s", 0.99)}, "s")
     panel(axes[4], "decide + launch recovery",
-          {"p50": [quantile([t["launch_s"] for t in e["dead_rank"] + e["hung_rank"]], 0.5)
+          {"p50": [quantile(values(e["dead_rank"] + e["hung_rank"], "launch_s"), 0.5)
                    for e in sizes],
-           "p99": [quantile([t["launch_s"] for t in e["dead_rank"] + e["hung_rank"]], 0.99)
+           "p99": [quantile(values(e["dead_rank"] + e["hung_rank"], "launch_s"), 0.99)
                    for e in sizes]}, "s")
     panel(axes[5], "save round (median)",
           {mode: [quantile(e["save_rounds"][mode]["round_s"], 0.5) for e in sizes]

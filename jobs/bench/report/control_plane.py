@@ -5,9 +5,10 @@ Schema ("control_plane/1"): top level `quick`, `date_utc`, `command`, `duration_
 `world_size`, `nodes`; `steady` and `steady_after` (`supervisor_cpu_core_fraction`,
 `supervisor_rss_mb`, `batches_per_s`, `reports_per_s`, `steps_per_s`); `dead_rank`, `hung_rank`,
 `lost_node`: lists of trials (`detect_s`: fault to detection, `launch_s`: detection to the new
-attempt's run calls issued, `cause`); `memory`: [steps since the start, supervisor RSS MB] samples
-or null; `save_rounds`: per mode (`per_rank`, `per_node`) `round_s` (list), `claimed_fraction`,
-`coordinator_cpu_s_per_round`, `coordinator_rss_mb`; `run_state`, `control` (the run's counters).
+attempt's run calls issued, `cause`; a trial that failed has only `error`); `memory`: [steps since
+the start, supervisor RSS MB] samples or null; `save_rounds`: per mode (`per_rank`, `per_node`)
+`round_s` (list), `claimed_fraction`, `coordinator_cpu_s_per_round`, `coordinator_rss_mb`;
+`run_state`, `control` (the run's counters).
 """
 
 from __future__ import annotations
@@ -27,11 +28,18 @@ def quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
 
 
+def values(trials: list[dict[str, Any]], key: str) -> list[float]:
+    """`key` of the trials that completed (a failed trial has `error` instead)."""
+    return [t[key] for t in trials if key in t]
+
+
 def _p(trials: list[dict[str, Any]], key: str = "detect_s") -> str:
-    values = [t[key] for t in trials]
-    if not values:
-        return NONE
-    return f"{ms(quantile(values, 0.5))} / {ms(quantile(values, 0.99))} (n={len(values)})"
+    got = values(trials, key)
+    failed = len(trials) - len(got)
+    if not got:
+        return NONE if not failed else f"{failed} failed"
+    out = f"{ms(quantile(got, 0.5))} / {ms(quantile(got, 0.99))} (n={len(got)}"
+    return out + (f", {failed} failed)" if failed else ")")
 
 
 def memory_growth(samples: list[list[float]] | None) -> dict[str, float] | None:
