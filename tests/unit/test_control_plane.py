@@ -12,6 +12,7 @@ import pytest
 
 from ray_resilience._internal.control.batch import ProgressFolder
 from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
+from ray_resilience._internal.control.node_agent import MAX_BATCHES_PER_S, forward_interval_s
 from ray_resilience._internal.rank.liveness import ActivityProbe
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.run_record import RECENT_REPORTS, RunRecord
@@ -162,3 +163,8 @@ def test_rank_lists_in_messages_are_ranges_so_thousands_of_ranks_stay_one_line()
     assert format_ranks([*range(16, 4096), 7, 5, 6, 9, 10]) == "[5-7, 9, 10, 16-4095]"
     error = HangError(range(4096), 2, 13.0, "InJobConfig.heartbeat_timeout_s", 10.0)
     assert str(error).startswith("ranks [0-4095] made no progress for 13.0 s in attempt 2")
+
+
+def test_agents_forward_less_often_past_the_supervisors_batch_budget():
+    assert forward_interval_s(0.25, 16) == 0.25
+    assert forward_interval_s(0.25, 512) == 512 / MAX_BATCHES_PER_S > 0.25

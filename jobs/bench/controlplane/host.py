@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ray_resilience._internal.attempt import AttemptOutcome
-from ray_resilience._internal.control.node_agent import NodeAgent
+from ray_resilience._internal.control.node_agent import NodeAgent, forward_interval_s
 
 DIED = "died"
 """What a virtual rank's run future returns when it died (the sim's SIGKILL)."""
@@ -44,11 +44,14 @@ class RankHost:
         self._ticker: asyncio.Task | None = None
         self.heartbeats = 0
 
-    async def assign(self, supervisor: Any, ranks_by_node: dict[str, list[int]]) -> int:
-        """Creates the simulated nodes' agents and ranks; returns this host's pid."""
+    async def assign(self, supervisor: Any, ranks_by_node: dict[str, list[int]],
+                     num_nodes: int) -> int:
+        """Creates the simulated nodes' agents and ranks (`num_nodes` in the whole world, as
+        the worker group sets its agents' interval); returns this host's pid."""
+        forward_s = forward_interval_s(self._interval_s, num_nodes)
         for node, ranks in ranks_by_node.items():
             if node not in self._agents:
-                self._agents[node] = NodeAgent(supervisor, node, self._interval_s)
+                self._agents[node] = NodeAgent(supervisor, node, forward_s)
             for rank in ranks:
                 self._ranks[rank] = VirtualRank(rank, node)
         if self._ticker is None:

@@ -63,8 +63,9 @@ class SimGroup(RankCalls):
         by_host: dict[Any, dict[str, list[int]]] = {}
         for rank, handle in enumerate(self.actors):
             by_host.setdefault(handle, {}).setdefault(self._sim_node[rank], []).append(rank)
-        pids = ray.get([h.assign.remote(self._supervisor, nodes) for h, nodes in by_host.items()],
-                       timeout=120)
+        nodes_total = len(set(self._sim_node))
+        pids = ray.get([h.assign.remote(self._supervisor, nodes, nodes_total)
+                        for h, nodes in by_host.items()], timeout=120)
         pid_of = dict(zip(by_host, pids, strict=True))
         for rank, handle in enumerate(self.actors):
             self.info[rank]["pid"] = pid_of[handle]
@@ -125,7 +126,8 @@ class SimGroup(RankCalls):
             if self.info[rank]["node_id"] in gone:
                 node = f"moved-{self._sim_node[rank]}"
                 self._place(rank, live[0], node)
-                ray.get(live[0].handle.assign.remote(self._supervisor, {node: [rank]}), timeout=60)
+                ray.get(live[0].handle.assign.remote(self._supervisor, {node: [rank]},
+                                                     len(set(self._sim_node))), timeout=60)
         return []
 
     def drop(self, ranks: list[int]) -> None:

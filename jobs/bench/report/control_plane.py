@@ -73,19 +73,31 @@ def _row(e: dict[str, Any]) -> list[str]:
             _rounds(e, "per_rank"), _rounds(e, "per_node"), mem]
 
 
+def _machine(m: dict[str, Any]) -> str:
+    """The host's size and load: every process of the simulation shares it."""
+    if not m.get("cores"):
+        return ""
+    load = m.get("load_average_at_start") or [None]
+    end = m.get("load_average_at_end") or [None]
+    return (f", one {m['cores']}-core machine for every simulated node, 1-min load average "
+            f"{load[0]} at the start and {end[0]} at the end")
+
+
 def section(doc: dict[str, Any]) -> str:
     s = doc["settings"]
     out = ["## Control plane at scale (simulated ranks)", ""]
     if doc["quick"]:
         out += ["**Quick run** (`--quick`: the smaller sizes, fewer trials).", ""]
     out += [
-        f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s). "
+        f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s"
+        f"{_machine(doc.get('machine') or {})}). "
         "The real supervisor, node agents, detection, recovery policy and commit coordinator; "
         f"the ranks are virtual ({doc['ranks_per_node']} per simulated node, many per process, "
         "no torch) and send what a rank sends: a heartbeat every "
         f"{s['interval']} s to their node's agent, a report per step ({s['step_s']} s steps). "
         "A dead rank's run future returns a death; a hung rank keeps its heartbeats but stops "
-        f"stepping and moving (step timeout {s['step_timeout']} s); a lost node is a Ray node "
+        f"stepping and moving (step timeout {s['step_timeout']} s; heartbeat timeout "
+        f"{s.get('heartbeat_timeout', 10.0)} s); a lost node is a Ray node "
         "of the local cluster killed with its processes. Detection is timed from the fault to "
         "the supervisor's fault event; decide + launch from there to the new attempt's run "
         "calls. Save rounds: every rank votes ready in one round of the real coordinator, one "

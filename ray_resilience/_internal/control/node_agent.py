@@ -29,6 +29,14 @@ AGENT_NAME_PREFIX = "ray_resilience:agent:"
 """Agents are named actors (`<prefix><node id>:<unique>`), so operators and tests find them."""
 AGENT_MAX_CONCURRENCY = 64
 """Threaded: heartbeats from the node's ranks are handled while the forwarder sends."""
+MAX_BATCHES_PER_S = 400.0
+"""Batches per second into the supervisor, all agents together: past 400 nodes each agent
+forwards less often than its ranks beat, so the supervisor's load stops growing with nodes."""
+
+
+def forward_interval_s(progress_interval_s: float, num_nodes: int) -> float:
+    """How often each of `num_nodes` agents forwards its batch."""
+    return max(progress_interval_s, num_nodes / MAX_BATCHES_PER_S)
 
 
 class NodeAgent:

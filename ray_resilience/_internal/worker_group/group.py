@@ -22,7 +22,7 @@ from ray_resilience._internal.constants import (
     WORKER_MAX_CONCURRENCY,
     env_float,
 )
-from ray_resilience._internal.control.node_agent import start_agent
+from ray_resilience._internal.control.node_agent import forward_interval_s, start_agent
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.worker_group.bundles import Bundle, Bundles
@@ -179,9 +179,10 @@ class WorkerGroup(RankCalls):
 
     def progress_sinks(self, interval_s: float) -> list[Any]:
         """Per rank, the agent of its node (started for nodes that have none yet)."""
+        forward_s = forward_interval_s(interval_s, len(set(self.node_ids())))
         for node in self.node_ids():
             if node not in self.agents:
-                self.agents[node] = start_agent(self._supervisor, node, interval_s)
+                self.agents[node] = start_agent(self._supervisor, node, forward_s)
         return [self.agents[node] for node in self.node_ids()]
 
     def drain_progress(self) -> list[Any]:
