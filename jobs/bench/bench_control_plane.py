@@ -62,14 +62,13 @@ def start_hosts(nodes: list[str], interval_s: float, step_s: float, world: int) 
     ).remote(interval_s, step_s) for node in nodes]
 
 
-def one_size(cluster: Cluster, world: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Every measurement of one N; the cluster keeps its host nodes, a victim node is added
-    per lost-node trial."""
+def one_size(cluster: Cluster, spare: list[Any], world: int, args: argparse.Namespace,
+             ) -> dict[str, Any]:
+    """Every measurement of one N; the cluster keeps its host nodes, each lost-node trial
+    removes one of the `spare` nodes started with the cluster."""
     host_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("host")]
-    victims = [cluster.add_node(num_cpus=1, resources={"victim": 1})
-               for _ in range(args.node_trials)]
-    cluster.wait_for_nodes()
-    victim_ids = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("victim")]
+    victims = [spare.pop() for _ in range(args.node_trials)]
+    victim_ids = [v.node_id for v in victims]
     hosts = start_hosts(host_nodes + victim_ids, args.interval, args.step_s, world)
     sims = world // RANKS_PER_NODE
     names = [f"sim{i}" for i in range(sims)]
@@ -134,16 +133,19 @@ def _remove(cluster: Cluster, node: Any) -> float:
     return t0
 
 
-def start_cluster(tries: int = 6) -> Cluster:
-    """The head (driver, supervisor, coordinator) and the host nodes; retried, since Ray gives a
-    node 30 s to register and a loaded machine can miss that."""
+def start_cluster(victims: int, tries: int = 6) -> tuple[Cluster, list[Any]]:
+    """The head (driver, supervisor, coordinator), the host nodes and `victims` nodes for the
+    lost-node trials; retried whole, since Ray gives a node 30 s to register and a loaded
+    machine can miss that."""
     for attempt in range(tries):
         try:
             cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
             for _ in range(HOST_NODES):
                 cluster.add_node(num_cpus=1, resources={"host": 1})
+            spare = [cluster.add_node(num_cpus=1, resources={"victim": 1})
+                     for _ in range(victims)]
             cluster.wait_for_nodes()
-            return cluster
+            return cluster, spare
         except Exception as exc:
             print(f"cluster start failed ({exc}); retrying", flush=True)
             if attempt == tries - 1:
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         args.memory_steps, args.memory_at = 2_000, 1024
     sizes = args.sizes or [64, 256, 1024, 4096]
     t_start = time.time()
-    cluster = start_cluster()
+    cluster, spare = start_cluster(len(sizes) * args.node_trials)
     ray.init(address=cluster.address,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([ROOT, BENCH])}})
     doc = {"schema": report.SCHEMA, "quick": args.quick, "machine": machine(),
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for world in sizes:
             print(f"N={world} ...", flush=True)
-            doc["sizes"].append(one_size(cluster, world, args))
+            doc["sizes"].append(one_size(cluster, spare, world, args))
             print(json.dumps(report.summary_row(doc["sizes"][-1])), flush=True)
     finally:
         doc["duration_s"] = time.time() - t_start
