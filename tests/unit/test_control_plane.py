@@ -10,13 +10,16 @@ import tracemalloc
 import pyarrow.fs as pafs
 import pytest
 
+import ray_resilience as rr
 from ray_resilience._internal.control.batch import ProgressFolder
 from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
 from ray_resilience._internal.control.node_agent import MAX_BATCHES_PER_S, forward_interval_s
 from ray_resilience._internal.rank.liveness import ActivityProbe
+from ray_resilience._internal.supervisor.detection import FaultDetector
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.run_record import RECENT_REPORTS, RunRecord
 from ray_resilience.errors import HangError, format_ranks
+from ray_resilience.timeouts import LearnedTimeouts
 from tests.support.dummy_group import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
@@ -168,3 +171,21 @@ def test_rank_lists_in_messages_are_ranges_so_thousands_of_ranks_stay_one_line()
 def test_agents_forward_less_often_past_the_supervisors_batch_budget():
     assert forward_interval_s(0.25, 16) == 0.25
     assert forward_interval_s(0.25, 512) == 512 / MAX_BATCHES_PER_S > 0.25
+
+
+def test_a_lost_heartbeat_needs_one_first_a_starting_rank_waits_for_its_first_step():
+    cfg = rr.ResilienceConfig(in_job=rr.InJobConfig(heartbeat_timeout_s=5.0),
+                              step_timeout_s=30.0, first_step_timeout_s=60.0)
+    clock = FakeClock()
+    record = RunRecord(2, clock=clock)
+    record.start_attempt(0)
+    timeouts = LearnedTimeouts(step_s=cfg.step_timeout_s, first_step_s=60.0, phases_s={},
+                               adaptive=None)
+    detector = FaultDetector(None, cfg, timeouts, clock)
+    clock.advance(20.0)
+    record.heartbeat(0, 0, None, None, [], [], 0.0, [], 1)  # rank 1 still starting (no beat)
+    assert detector.silence(record.rank_statuses(), 0) is None
+    clock.advance(6.0)
+    record.heartbeat(1, 0, None, None, [], [], 0.0, [], 1)
+    fault = detector.silence(record.rank_statuses(), 0)
+    assert fault is not None and fault.cause.value == "unresponsive" and fault.ranks == (0,)

@@ -114,8 +114,8 @@ class FaultDetector:
         """Hangs (no progress within the phase's timeout) and lost heartbeats."""
         now, in_job = self._clock.monotonic(), self._cfg.in_job
         pending = [s for s in statuses.values() if not s.done]
-        lost = [s.rank for s in pending
-                if in_job is not None and now - s.heartbeat_at > in_job.heartbeat_timeout_s]
+        lost = [s.rank for s in pending if in_job is not None and s.beating
+                and now - s.heartbeat_at > in_job.heartbeat_timeout_s]
         if lost:
             assert in_job is not None
             err = HangError(lost, attempt, max(now - statuses[r].heartbeat_at for r in lost),

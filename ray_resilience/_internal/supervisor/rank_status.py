@@ -16,6 +16,9 @@ class RankStatus:
     progress_at: float = dataclasses.field(default_factory=time.monotonic)
     """Supervisor monotonic time when progress last advanced (or the attempt started)."""
     heartbeat_at: float = dataclasses.field(default_factory=time.monotonic)
+    beating: bool = False
+    """A heartbeat of this attempt arrived: only then can the heartbeat stop (before it, the
+    rank is starting, its node's agent may be too, and the first-step timeout applies)."""
     done: bool = False
     phase: str | None = None
     """User-marked phase the rank reported being in (its timeout applies), or None."""
@@ -31,7 +34,7 @@ class RankStatus:
 
     def reset(self, attempt: int, now: float) -> None:
         self.attempt, self.progress_at, self.heartbeat_at, self.done = attempt, now, now, False
-        self.step = None
+        self.step, self.beating = None, False
         self.phase, self.phase_sent_at = None, 0.0
         self.activity, self.active_at = None, now
 
@@ -44,7 +47,7 @@ class RankStatus:
         if attempt != self.attempt:
             return  # a late heartbeat from an earlier attempt
         now = time.monotonic() if now is None else now
-        self.heartbeat_at = now
+        self.heartbeat_at, self.beating = now, True
         if activity is not None and activity != self.activity:
             self.activity, self.active_at = activity, now
         # Steps only grow within an attempt (a rollback is a new attempt): a late heartbeat with
