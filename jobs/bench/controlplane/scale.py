@@ -21,9 +21,11 @@ from typing import Any
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(BENCH))
-sys.path.insert(0, BENCH)
+sys.path[:0] = [ROOT, BENCH]
 
 from report.fmt import NONE, pct, table  # noqa: E402 - after the path set-up above
+
+from ray_resilience._internal.control.node_agent import forward_interval_s  # noqa: E402
 
 START, END = "<!-- scale:generated:start -->", "<!-- scale:generated:end -->"
 LLAMA3 = {"interruptions": 419, "days": 54, "gpus": 16_384}
@@ -84,12 +86,11 @@ def control_rows(cp: dict[str, Any]) -> list[list[str]]:
     """Supervisor CPU at each size from the largest measured N: CPU per batch x batches/s."""
     e = max(cp["sizes"], key=lambda s: s["world_size"])
     per_batch = e["steady"]["supervisor_cpu_core_fraction"] / max(e["steady"]["batches_per_s"], 1)
-    rate = 1 / cp["settings"]["interval"]
     rows = []
     for gpus in SIZES:
         nodes = gpus // ASSUMED["gpus_per_node"]
-        rows.append([f"{gpus:,}", f"{nodes:,}", f"{nodes * rate:,.0f}",
-                     pct(per_batch * nodes * rate, 0)])
+        rate = nodes / forward_interval_s(cp["settings"]["interval"], nodes)
+        rows.append([f"{gpus:,}", f"{nodes:,}", f"{rate:,.0f}", pct(per_batch * rate, 0)])
     return rows
 
 
@@ -113,8 +114,9 @@ def generated(recovery: dict[str, Any], cp: dict[str, Any] | None) -> str:
         table(["GPUs", *x], [[f"{g:,}", *(pct(goodput(v, g, with_stall=True))
                                           for v in x.values())] for g in SIZES])]
     if cp is not None:
-        parts += ["", "Supervisor load with one batch per node per progress interval, from the "
-                  "largest control-plane run (CPU per batch measured there):", "",
+        parts += ["", "Supervisor load with each node's agent forwarding one batch every "
+                  "max(progress interval, nodes / 400) s, from the largest control-plane run "
+                  "(CPU per batch measured there):", "",
                   table(["GPUs", "nodes", "batches/s", "supervisor CPU (1 core = 100%)"],
                         control_rows(cp))]
     return "\n".join(parts)
