@@ -86,21 +86,23 @@ def test_a_genuine_hang_in_that_loop_is_detected_within_the_step_timeout(ray_ses
     assert result.return_values == [EXPECTED_TOTAL] * 2
 
 
-def _respawn(plan: FaultPlan | None, **in_job) -> rr.ResilienceConfig:
+def _respawn(plan: FaultPlan | None, step_timeout_s: float = STEP_TIMEOUT_S,
+             **in_job) -> rr.ResilienceConfig:
     in_job.setdefault("heartbeat_timeout_s", 5.0)
     return rr.ResilienceConfig(
         in_process=rr.InProcessConfig(interrupt_timeout_s=2.0),
         in_job=rr.InJobConfig(num_prestarted_workers=0, **in_job), fault_plan=plan,
-        step_timeout_s=STEP_TIMEOUT_S, first_step_timeout_s=60.0)
+        step_timeout_s=step_timeout_s, first_step_timeout_s=60.0)
 
 
 @pytest.mark.timeout(300)
 def test_a_sigstopped_rank_loses_its_heartbeat_and_is_respawned(clean, token_data_dir,
                                                                  tmp_path):
     """The whole process frozen (SIGSTOP): its side thread sends nothing either, so it is lost
-    after the heartbeat timeout, killed and replaced."""
+    after the heartbeat timeout, killed and replaced. The step timeout is longer here: with a
+    shorter one the frozen rank and its waiting peer are a hang first (also repaired)."""
     result = workload.fit(token_data_dir, str(tmp_path), "sigstop", max_steps=STEPS,
-                          sleep_s=0.2, stop_at=(1, 4), resilience=_respawn(None))
+                          sleep_s=0.2, stop_at=(1, 4), resilience=_respawn(None, 15.0))
     assert result.ok, result.error
     (fault,) = result.faults
     assert (fault["cause"], fault["ranks"], fault["respawned"]) == ("unresponsive", [1], [1])
