@@ -106,6 +106,10 @@ class RunConfig:
     """Show live progress and a summary on the driver."""
     callbacks: list[Callback] = dataclasses.field(default_factory=list)
     """`ray_resilience.callbacks.Callback`s run in the supervisor actor on run events."""
+    log_metrics: bool = True
+    """Stream every report of every rank to `<run folder>/metrics.jsonl` (the full record)."""
+    metrics_history_size: int = 100_000
+    """Newest reports `Result.metrics_history` reads back from the metrics log."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _RUN_NAME.fullmatch(self.name):
@@ -127,6 +131,12 @@ class RunConfig:
                                   "must be an instance of ray_resilience.callbacks.Callback.")
             _check_picklable(f"RunConfig.callbacks[{i}]", callback)
         self.callbacks = list(self.callbacks)
+        if not isinstance(self.log_metrics, bool):
+            raise ConfigError("RunConfig.log_metrics", self.log_metrics, "must be True or False.")
+        if isinstance(self.metrics_history_size, bool) \
+                or not isinstance(self.metrics_history_size, int) or self.metrics_history_size < 0:
+            raise ConfigError("RunConfig.metrics_history_size", self.metrics_history_size,
+                              "must be an integer >= 0 (reports kept in Result.metrics_history).")
 
 
 @dataclasses.dataclass(kw_only=True)

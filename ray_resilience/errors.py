@@ -4,8 +4,24 @@ All derive from `ResilienceError` (config errors also from `ValueError`) and pic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """`[0-15, 17, 20, 21]`: runs of three or more ranks as ranges, so a message about
+    thousands of ranks stays one short line."""
+    ordered, parts, i = sorted(set(ranks)), [], 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+        else:
+            parts += [str(r) for r in ordered[i:j + 1]]
+        i = j + 1
+    return f"[{', '.join(parts)}]"
 
 
 class ResilienceError(Exception):
@@ -84,7 +100,7 @@ class WorkerDiedError(ResilienceError):
 
     def __init__(self, ranks: Sequence[int], attempt: int, detail: str) -> None:
         self.ranks, self.attempt, self.detail = list(ranks), attempt, detail
-        super().__init__(f"rank(s) {self.ranks} died in attempt {attempt}: {detail}")
+        super().__init__(f"rank(s) {format_ranks(self.ranks)} died in attempt {attempt}: {detail}")
 
     def __reduce__(self):
         return (type(self), (self.ranks, self.attempt, self.detail))
@@ -98,9 +114,10 @@ class HangError(ResilienceError):
         self.ranks, self.attempt, self.silent_s = list(ranks), attempt, silent_s
         self.setting, self.timeout_s = setting, timeout_s
         super().__init__(
-            f"ranks {self.ranks} made no progress for {silent_s:.1f} s in attempt {attempt} "
-            f"({setting}={timeout_s}). Likely a rank hung in a collective or in user code; if "
-            f"the phase is legitimately slow (first compile, checkpoint load), raise {setting}."
+            f"ranks {format_ranks(self.ranks)} made no progress for {silent_s:.1f} s in attempt "
+            f"{attempt} ({setting}={timeout_s}). Likely a rank hung in a collective or in user "
+            f"code; if the phase is legitimately slow (first compile, checkpoint load), raise "
+            f"{setting}."
         )
 
     def __reduce__(self):

@@ -15,7 +15,9 @@ class Result:
     metrics: dict[str, Any]
     """The last metrics rank 0 reported."""
     metrics_history: list[dict[str, Any]]
-    """Every dict passed to `report`, with `step`, `rank` and `attempt`, in that order."""
+    """The newest `RunConfig.metrics_history_size` dicts passed to `report` on any rank, with
+    `step`, `rank` and `attempt`, in that order, read back from the run's metrics log (every
+    report: `<path>/metrics.jsonl`); without the log, rank 0's newest reports."""
     path: str
     """The run's folder: `<storage_path>/<name>`."""
     error: BaseException | None = None
@@ -33,6 +35,9 @@ class Result:
     """The newest committed checkpoint (step and path), when checkpointing is on."""
     timeouts: dict[str, Any] | None = None
     """Hang timeouts in force at the end and the worst interval observed per phase."""
+    control: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Control-plane counters: progress batches and reports received, node agent restarts,
+    the metrics log's path and size."""
 
     @property
     def ok(self) -> bool:
@@ -51,7 +56,8 @@ class Result:
             "error_type": None if self.ok else type(self.error).__name__,
             "metrics": self.metrics, "attempts": self.attempts, "faults": self.faults,
             "worker_pids": self.worker_pids, "wall_s": self.wall_s, "path": self.path,
-            "num_reports": len(self.metrics_history), "timeouts": self.timeouts,
+            "num_reports": self.control.get("reports", len(self.metrics_history)),
+            "control": self.control, "timeouts": self.timeouts,
             "goodput_summary": None if self.goodput is None else {
                 "training_goodput": self.goodput.training_goodput,
                 "infra_goodput": self.goodput.infra_goodput},

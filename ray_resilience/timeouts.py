@@ -72,9 +72,13 @@ class LearnedTimeouts:
 
     def observe(self, name: str, seconds: float) -> None:
         """Records one interval of `name` and, when adaptive, re-derives its timeout."""
+        self.observe_many(name, 1, seconds)
+
+    def observe_many(self, name: str, count: int, worst_s: float) -> None:
+        """Records `count` intervals of `name`, the longest `worst_s` (a node's batch)."""
         with self._lock:
-            self._count[name] = self._count.get(name, 0) + 1
-            worst = self._worst[name] = max(seconds, self._worst.get(name, 0.0))
+            self._count[name] = self._count.get(name, 0) + count
+            worst = self._worst[name] = max(worst_s, self._worst.get(name, 0.0))
             rule = self._adaptive
             if rule is None or name in rule.pinned or self._count[name] < rule.min_samples:
                 return

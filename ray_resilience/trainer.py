@@ -18,6 +18,7 @@ from ray_resilience._internal.constants import (
     SUPERVISOR_NAME_PREFIX,
     forwarded_env,
 )
+from ray_resilience._internal.control.metrics_log import read_newest
 from ray_resilience._internal.display import ProgressDisplay
 from ray_resilience._internal.run_folder import write_run_artifacts
 from ray_resilience._internal.supervisor.outcome import RunOutcome
@@ -98,7 +99,10 @@ class ResilientTrainer:
         run_dir = run_folder.run_dir_uri(self.run_config.storage_path, self.run_config.name)
         supervisor = self._start_supervisor(run_dir)
         outcome = self._wait(supervisor)
-        result = outcome.to_result(run_dir, ray.cloudpickle.loads)  # the ranks' own returns
+        log_path = outcome.control.get("metrics_log")
+        history = read_newest(fs, log_path, self.run_config.metrics_history_size) \
+            if log_path else None
+        result = outcome.to_result(run_dir, ray.cloudpickle.loads, history)
         write_run_artifacts(fs, run_path, result)
         if self.run_config.verbose:
             ProgressDisplay(self.run_config.name).summary(result)
@@ -131,7 +135,8 @@ class ResilientTrainer:
             resilience=self.resilience, run_name=self.run_config.name, run_dir=run_dir,
             env_vars=env, storage_path=self.run_config.storage_path,
             storage_filesystem=self.run_config.storage_filesystem,
-            callbacks=self.run_config.callbacks, datasets=self.datasets)
+            callbacks=self.run_config.callbacks, datasets=self.datasets,
+            log_metrics=self.run_config.log_metrics)
 
     def _wait(self, supervisor: Any) -> RunOutcome:
         run_ref = supervisor.run.remote()

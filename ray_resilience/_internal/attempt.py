@@ -35,6 +35,8 @@ class AttemptSpec:
     """Injected faults for this rank that have not fired yet."""
     datasets: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The run's materialized datasets by name (`DatasetSource`s, the same for every rank)."""
+    progress_sink: Any = None
+    """Where the rank's side thread sends heartbeats: its node's agent, or None (the supervisor)."""
 
     @property
     def init_method(self) -> str:

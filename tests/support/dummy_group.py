@@ -204,6 +204,12 @@ class DummyWorkerGroup:
     def node_ids(self) -> list[str]:
         return ["node-a"] * self.world_size
 
+    def progress_sinks(self, interval_s: float) -> list[None]:
+        return [None] * self.world_size  # heartbeats go straight to the supervisor
+
+    def drain_progress(self) -> list[Any]:
+        return []
+
     def pids(self) -> list[int]:
         return [i["pid"] for i in self.info]
 

@@ -44,6 +44,10 @@ def train_loop(cfg: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if cfg.get("sleep_s"):
             time.sleep(cfg["sleep_s"])
+        if ctx.attempt == 0 and cfg.get("stop_at") == (ctx.world_rank, step):
+            from ray_resilience.testing.fire import stop_process  # noqa: PLC0415 - one test's fault
+
+            stop_process()  # the whole process freezes: no heartbeat, no report
         rr.report({"loss": loss.item()}, step=step,
                   checkpoint=rr.CheckpointState(model, optimizer, extra={
                       "data_step": step, "rng": torch.get_rng_state()}))

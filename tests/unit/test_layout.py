@@ -29,6 +29,8 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
      (f"{PACKAGE}._internal.supervisor", f"{PACKAGE}._internal.preemption")),
     ("The rank actors in their placement group: create, replace, prestart processes.",
      (f"{PACKAGE}._internal.worker_group",)),
+    ("The control plane's message path: per-node agents batch heartbeats; the metrics log.",
+     (f"{PACKAGE}._internal.control",)),
     ("One rank's process: runs the train function in a thread, answers control calls.",
      (f"{PACKAGE}._internal.rank",)),
     ("What the train function calls: get_context, report, load_checkpoint.",

@@ -43,6 +43,7 @@ from ray_resilience._internal.rank.interrupt import (
     async_raise,
     cancel_async_raise,
 )
+from ray_resilience._internal.rank.liveness import ActivityProbe
 from ray_resilience._internal.rank.progress import ProgressForwarder
 from ray_resilience.context import PreemptionStop, TrainContext, _Session, _set_session
 from ray_resilience.testing.fire import fire
@@ -182,8 +183,10 @@ class Worker:
         t0 = time.time()
         session = _Session(self._context(spec), faults=self._fault_hook(spec),
                            datasets=spec.datasets)
-        forwarder = ProgressForwarder(self._supervisor, session, rank=spec.rank,
-                                      attempt=spec.attempt, interval_s=spec.progress_interval_s)
+        probe = ActivityProbe()
+        forwarder = ProgressForwarder(spec.progress_sink or self._supervisor, session,
+                                      rank=spec.rank, attempt=spec.attempt,
+                                      interval_s=spec.progress_interval_s, activity=probe.sample)
         # Heartbeats start now: a rank still releasing groups or prewarming is alive, not silent.
         forwarder.start()
         try:
@@ -210,12 +213,16 @@ class Worker:
             raise
         session.checkpointer = self._checkpointer
         self._session = session
+        if self._checkpointer is not None:
+            self._checkpointer.set_vote_relay(spec.progress_sink)
         box: dict[str, Any] = {}
         self._thread = threading.Thread(
             target=self._train_thread, args=(spec, session, box),
             name=f"rr-train-r{spec.rank}-a{spec.attempt}", daemon=True)
         self._thread.start()
+        probe.watch(self._thread.ident)
         self._thread.join()
+        probe.watch(None)
         metrics, step, step_time, saves, events = forwarder.stop()
         if self._checkpointer is not None:  # no reference to this attempt's model survives it
             self._checkpointer.end_attempt()

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 ERROR_GRACE_S = 0.05
 """After a first error, how long to wait for peers' errors so the earliest one is reported."""
+HANG_GRACE_S = 1.0
+"""Ranks this close to their limit are reported with a hung one: a hung rank's peers block in
+their next collective a moment before or after it stops moving."""
 
 
 class RunFutures(Protocol):
@@ -111,8 +114,8 @@ class FaultDetector:
         """Hangs (no progress within the phase's timeout) and lost heartbeats."""
         now, in_job = self._clock.monotonic(), self._cfg.in_job
         pending = [s for s in statuses.values() if not s.done]
-        lost = [s.rank for s in pending
-                if in_job is not None and now - s.heartbeat_at > in_job.heartbeat_timeout_s]
+        lost = [s.rank for s in pending if in_job is not None and s.beating
+                and now - s.heartbeat_at > in_job.heartbeat_timeout_s]
         if lost:
             assert in_job is not None
             err = HangError(lost, attempt, max(now - statuses[r].heartbeat_at for r in lost),
@@ -123,13 +126,15 @@ class FaultDetector:
         # while any rank is in a phase, the longest limit in force applies to every rank.
         limits = {s.rank: (self._timeouts.limit(_phase_of(s)[0]), _phase_of(s)[1]) for s in pending}
         group = max(limits.values(), default=(0.0, ""))
-        hung = []
+        hung, near = [], []
         for s in pending:
             limit, setting = group if any(p.phase for p in pending) else limits[s.rank]
-            if s.silent_for(now) > limit:
-                hung.append((s.rank, s.silent_for(now), setting, limit))
+            if s.silent_for(now) > limit - min(HANG_GRACE_S, limit / 2):
+                (hung if s.silent_for(now) > limit else near).append(
+                    (s.rank, s.silent_for(now), setting, limit))
         if not hung:
             return None
+        hung = sorted(hung + near)
         err = HangError([h[0] for h in hung], attempt, max(h[1] for h in hung),
                         hung[0][2], hung[0][3])
         return DetectedFault(cause=FaultCause.HANG, ranks=tuple(h[0] for h in hung),

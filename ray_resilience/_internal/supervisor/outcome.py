@@ -23,6 +23,9 @@ class RunOutcome:
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The last metrics rank 0 reported."""
     metrics_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Rank 0's newest reports (the driver reads the full record from the metrics log)."""
+    control: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The control plane's counters: batches, reports, agent restarts, the metrics log's path."""
     attempts: int = 0
     faults: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """`DetectedFault.describe()` of every fault, in order (JSON-safe)."""
@@ -41,10 +44,13 @@ class RunOutcome:
         """The outcome when the supervisor actor itself died (its record died with it)."""
         return cls(state="failed", error=RunAbortedError(f"the supervisor actor died: {exc}"))
 
-    def to_result(self, path: str, loads: Callable[[bytes], Any]) -> Result:
-        """The user's `Result`; `loads` unpickles the ranks' return values."""
+    def to_result(self, path: str, loads: Callable[[bytes], Any],
+                  history: list[dict[str, Any]] | None = None) -> Result:
+        """The user's `Result`; `loads` unpickles the ranks' return values; `history`, read
+        from the metrics log, replaces the supervisor's window."""
         return Result(
-            metrics=self.metrics, metrics_history=self.metrics_history, path=path,
+            metrics=self.metrics, path=path, control=self.control,
+            metrics_history=self.metrics_history if history is None else history,
             error=self.error, state=self.state, attempts=self.attempts, faults=self.faults,
             return_values=[None if v is None else loads(v) for v in self.return_values],
             worker_pids=self.worker_pids, wall_s=self.wall_s, goodput=self.goodput,

@@ -16,6 +16,9 @@ class RankStatus:
     progress_at: float = dataclasses.field(default_factory=time.monotonic)
     """Supervisor monotonic time when progress last advanced (or the attempt started)."""
     heartbeat_at: float = dataclasses.field(default_factory=time.monotonic)
+    beating: bool = False
+    """A heartbeat of this attempt arrived: only then can the heartbeat stop (before it, the
+    rank is starting, its node's agent may be too, and the first-step timeout applies)."""
     done: bool = False
     phase: str | None = None
     """User-marked phase the rank reported being in (its timeout applies), or None."""
@@ -24,18 +27,29 @@ class RankStatus:
     phase_sent_at: float = 0.0
     """Worker send time of the heartbeat `phase` came from: heartbeats are fire-and-forget calls
     into a threaded actor and may be handled out of order; an older one must not undo a newer."""
+    activity: int | None = None
+    """The rank's activity counter (bumped while its training thread moves), as last reported."""
+    active_at: float = 0.0
+    """Supervisor monotonic time the activity counter last changed: liveness between reports."""
 
     def reset(self, attempt: int, now: float) -> None:
         self.attempt, self.progress_at, self.heartbeat_at, self.done = attempt, now, now, False
-        self.step = None
+        self.step, self.beating = None, False
         self.phase, self.phase_sent_at = None, 0.0
+        self.activity, self.active_at = None, now
+
+    def excuse(self, now: float) -> None:
+        """Silence so far is not the rank's (its heartbeat path was down): clocks start over."""
+        self.heartbeat_at = self.active_at = now
 
     def observe(self, attempt: int, step: int | None, step_time: float | None,
-                now: float | None = None) -> None:
+                now: float | None = None, activity: int | None = None) -> None:
         if attempt != self.attempt:
             return  # a late heartbeat from an earlier attempt
         now = time.monotonic() if now is None else now
-        self.heartbeat_at = now
+        self.heartbeat_at, self.beating = now, True
+        if activity is not None and activity != self.activity:
+            self.activity, self.active_at = activity, now
         # Steps only grow within an attempt (a rollback is a new attempt): a late heartbeat with
         # an older step is neither progress nor a step back.
         if step is not None and (self.step is None or step > self.step):
@@ -51,7 +65,7 @@ class RankStatus:
             self.phase, self.phase_seen_at = phase, time.monotonic() if now is None else now
 
     def silent_for(self, now: float) -> float:
-        """Silence in the current phase: entering a phase restarts the clock, and so does
-        leaving one (a rank just out of a long validation has a whole step timeout for its
-        next step; measured from its last step it would look hung the moment it leaves)."""
-        return now - max(self.progress_at, self.phase_seen_at)
+        """Time without progress: no new step and a training thread that did not move.
+        Entering or leaving a phase restarts the clock too (a rank just out of a long
+        validation has a whole step timeout for its next step)."""
+        return now - max(self.progress_at, self.phase_seen_at, self.active_at)

@@ -22,6 +22,7 @@ from ray_resilience.callbacks import (
     StateChanged,
     StepCompleted,
 )
+from ray_resilience.errors import format_ranks
 from ray_resilience.goodput import GoodputReport, RunTimeline, compute_goodput
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ class RecentEvents(Callback):
 
     def on_fault_detected(self, event: FaultDetected) -> None:
         error = str(event.error).splitlines()[0] if event.error else ""
-        self._add(event.t_detect, f"fault: {event.cause.value} on ranks {list(event.ranks)} "
+        ranks = format_ranks(event.ranks)
+        self._add(event.t_detect, f"fault: {event.cause.value} on ranks {ranks} "
                                   f"at step {event.step or 0} (attempt {event.attempt}) {error}")
 
     def on_recovery_done(self, event: RecoveryDone) -> None:

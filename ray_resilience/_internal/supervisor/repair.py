@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 from ray_resilience._internal.attempt import AttemptOutcome, RankLost
 from ray_resilience._internal.supervisor.run_record import Clock, RunRecord
 from ray_resilience.config import ResilienceConfig, ScalingConfig
-from ray_resilience.errors import HangError, InsufficientResourcesError, WorkerDiedError
+from ray_resilience.errors import (
+    HangError,
+    InsufficientResourcesError,
+    WorkerDiedError,
+    format_ranks,
+)
 from ray_resilience.policy.base import Decision
 
 if TYPE_CHECKING:
@@ -115,7 +120,8 @@ class Repair:
             if cfg.in_job is None:
                 return HangError(stuck, self.attempt, timeout,
                                  "InProcessConfig.interrupt_timeout_s", timeout)
-            log.warning("ranks %s did not unwind within %.1f s: respawning them", stuck, timeout)
+            log.warning("ranks %s did not unwind within %.1f s: respawning them",
+                        format_ranks(stuck), timeout)
             for rank in stuck:
                 group.kill(rank)
             self.respawn.update(stuck)
@@ -148,13 +154,15 @@ class Repair:
                     self.outcomes.append(result)
             if in_job is None:
                 continue
-            now = self.clock.monotonic()
+            now, lost = self.clock.monotonic(), []
             for ref, rank in list(keep.items()):
-                silent = self.record.heartbeat_age(rank, now)
-                if silent > in_job.heartbeat_timeout_s:
-                    log.warning("rank %d is silent for %.1f s: treating it as lost", rank, silent)
+                if self.record.heartbeat_age(rank, now) > in_job.heartbeat_timeout_s:
                     self.group.kill(rank)
                     self.respawn.add(keep.pop(ref))
+                    lost.append(rank)
+            if lost:
+                log.warning("ranks %s are silent for over %.1f s: treating them as lost",
+                            format_ranks(lost), in_job.heartbeat_timeout_s)
         return sorted(keep.values())
 
 

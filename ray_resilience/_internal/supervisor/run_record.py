@@ -1,13 +1,15 @@
-"""The supervisor's record of the run: rank statuses, metric history, global steps, saves.
+"""The supervisor's record of the run: rank statuses, global steps, saves, recent metrics.
 
-Everything here is fed from heartbeats and attempt outcomes (worker wall clock, `time.time()`)
-and from the supervisor's own detections (same clock). What happened is also emitted as events
-(steps, saves, recoveries done) for the callbacks. Thread-safe: heartbeats arrive on other actor
-threads than the state machine.
+Everything here is fed from progress batches (`ProgressBatch`: a node agent's, or one rank's
+heartbeat or attempt outcome) and from the supervisor's own detections. Memory is bounded: the
+full per-step record goes to the run's metrics log; only rank 0's newest reports and a bounded
+list of timed phases stay here. What happened is also emitted as events (steps, saves, recoveries
+done) for the callbacks. Thread-safe: batches arrive on other actor threads than the state machine.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -15,10 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ray_resilience._internal.attempt import AttemptOutcome
+from ray_resilience._internal.control.batch import ProgressBatch, ProgressFolder
+from ray_resilience._internal.control.metrics_log import MetricsLog
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.recorders import RecoveryPhase
 from ray_resilience._internal.supervisor.state import DetectedFault
 from ray_resilience.callbacks import CheckpointSaved, RecoveryDone, StepCompleted
+
+RECENT_REPORTS = 1_000
+"""Rank 0's newest metric dicts the supervisor keeps (the status display, `Result.metrics`)."""
+MAX_PHASES_KEPT = 10_000
+"""Newest timed phases and checkpoint loads kept (`Result.checkpoint`'s phases and loads)."""
 
 
 class Clock:
@@ -36,7 +45,8 @@ class RunRecord:
     """Aggregates per-rank reports into global steps and emits what they complete."""
 
     def __init__(self, world_size: int, *, emit: Callable[[Any], None] = lambda event: None,
-                 timeouts: Any = None, clock: Clock | None = None) -> None:
+                 timeouts: Any = None, clock: Clock | None = None,
+                 metrics_log: MetricsLog | None = None) -> None:
         self.world_size = world_size
         self.emit = emit
         self.timeouts = timeouts
@@ -46,8 +56,13 @@ class RunRecord:
         self.returns: dict[int, bytes | None] = {}
         """What each finished rank's train function returned (pickled)."""
         self.launched_at: dict[int, float] = {}
-        self._last_mark: dict[tuple[int, int], float] = {}
-        self.history: list[dict[str, Any]] = []
+        self.metrics_log = metrics_log
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_REPORTS)
+        """Rank 0's newest metric dicts, with "attempt"."""
+        self.num_reports = 0
+        self.num_batches = 0
+        self._direct = ProgressFolder("direct")
+        """Folds heartbeats sent straight to the supervisor, and attempt outcomes."""
         self.lock = threading.RLock()
         self._pending: dict[tuple[int, int], tuple[set[int], float]] = {}
         """(attempt, step) -> the ranks that reported it and their newest report time, until
@@ -62,11 +77,11 @@ class RunRecord:
         self._recovering: dict[int, tuple[DetectedFault, str]] = {}
         """attempt -> the fault it recovers from and how, until its first step completes."""
         self._load_seen: set[int] = set()
-        self.phases: list[dict[str, Any]] = []
-        """Every timed phase ranks reported (release_groups, init_process_group, checkpoint_load,
-        and the supervisor's start-up phases)."""
-        self.loads: list[dict[str, Any]] = []
-        """Every checkpoint load a rank reported (attempt, rank, tier, step, seconds)."""
+        self.phases: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PHASES_KEPT)
+        """The newest timed phases ranks reported (release_groups, init_process_group,
+        checkpoint_load, and the supervisor's start-up phases)."""
+        self.loads: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PHASES_KEPT)
+        """The newest checkpoint loads ranks reported (attempt, rank, tier, step, seconds)."""
 
     # --- rank statuses ------------------------------------------------------------------------
 
@@ -76,17 +91,40 @@ class RunRecord:
 
     def heartbeat(self, rank: int, attempt: int, step: int | None, step_time: float | None,
                   metrics: list[dict[str, Any]], saves: list, sent_at: float,
-                  events: list[dict[str, Any]]) -> None:
-        """One rank's periodic progress (see `Supervisor.heartbeat`)."""
+                  events: list[dict[str, Any]], activity: int | None = None) -> None:
+        """One rank's periodic progress sent straight to the supervisor (no node agent)."""
         with self.lock:
-            status, now = self.ranks[rank], self.clock.monotonic()
-            status.observe(attempt, step, step_time, now)
-            if attempt == status.attempt:
-                inside = [e["name"] for e in events if e.get("phase") == "in_phase"]
-                status.set_phase(inside[-1] if inside else None, sent_at, now)
-            self.add_events(attempt, events)
-            self.add_reports(attempt, metrics)
-            self.add_saves(attempt, saves, sent_at)
+            self._direct.add(rank, attempt, step, step_time, metrics, saves, sent_at, events,
+                             activity)
+            self.fold(self._direct.take())
+
+    def fold(self, batch: ProgressBatch) -> None:
+        """One node's progress of one interval (see `ProgressBatch`)."""
+        with self.lock:
+            now = self.clock.monotonic()
+            self.num_batches += 1
+            for beat in batch.beats:
+                status = self.ranks.get(beat.rank)
+                if status is None:  # a late beat of a rank the world no longer has
+                    continue
+                status.observe(beat.attempt, beat.step, beat.step_time, now, beat.activity)
+                if beat.attempt == status.attempt:
+                    status.set_phase(beat.phase, beat.sent_at, now)
+            for name, (count, worst) in batch.intervals.items():
+                if self.timeouts is not None:
+                    self.timeouts.observe_many(name, count, worst)
+            for attempt, ev in batch.events:
+                self._add_event(attempt, ev)
+            self.recent.extend(batch.rank0)
+            self.num_reports += batch.num_reports
+            if self.metrics_log is not None:
+                self.metrics_log.append(batch.log)
+            for attempt, step in batch.reached.items():
+                self.note_reached(attempt, step)
+            for (attempt, step), (ranks, t) in sorted(batch.steps.items()):
+                self._add_step_reports(attempt, step, ranks, t)
+            for attempt, saves, t in batch.saves:
+                self.add_saves(attempt, saves, t)
 
     def add_outcome(self, outcome: AttemptOutcome) -> None:
         """Folds one rank's attempt outcome in (its last metrics, its return value)."""
@@ -97,11 +135,27 @@ class RunRecord:
             status.done = outcome.status == "finished"
             # Its newest step, even if the heartbeat that carried it is still in flight.
             self.note_reached(outcome.attempt, outcome.last_step)
-            self.add_events(outcome.attempt, outcome.events)
-            self.add_reports(outcome.attempt, outcome.metrics)
+            self._direct.add(outcome.rank, outcome.attempt, None, None, outcome.metrics, [],
+                             self.clock.time(), outcome.events)
+            self.fold(self._direct.take())
             self.add_saves(outcome.attempt, outcome.checkpoint_saves, self.clock.time())
             if outcome.status == "finished":
                 self.returns[outcome.rank] = outcome.return_value
+
+    def add_reports(self, attempt: int, records: list[dict[str, Any]]) -> None:
+        """Metric dicts from ranks of `attempt`; a step completes when every rank reported it."""
+        with self.lock:
+            self._direct.add_reports(attempt, records)
+            self.fold(self._direct.take())
+
+    def excuse(self, ranks: list[int]) -> None:
+        """`ranks` lost their heartbeat path through no fault of theirs (their node agent
+        restarted): their silence clocks start over."""
+        with self.lock:
+            now = self.clock.monotonic()
+            for rank in ranks:
+                if rank in self.ranks:
+                    self.ranks[rank].excuse(now)
 
     def heartbeat_age(self, rank: int, now: float) -> float:
         """Seconds since `rank`'s side thread was last heard of (`now`: `clock.monotonic()`)."""
@@ -119,6 +173,9 @@ class RunRecord:
             for status in self.ranks.values():
                 status.reset(attempt, self.clock.monotonic())
             self.launched_at[attempt] = self.clock.time()
+            # Steps and saves of older attempts that never completed never will.
+            self._pending = {k: v for k, v in self._pending.items() if k[0] >= attempt}
+            self._saves = {k: v for k, v in self._saves.items() if k[0] >= attempt}
 
     def resize(self, world_size: int) -> None:
         """The world shrank: ranks are renumbered, so statuses and return values start over."""
@@ -134,50 +191,23 @@ class RunRecord:
         with self.lock:
             self._recovering[attempt] = (fault, mechanism)
 
-    def add_events(self, attempt: int, events: list[dict[str, Any]]) -> None:
-        """Timed phases reported by a rank; the first checkpoint load of a recovery is emitted."""
-        with self.lock:
-            for ev in events:
-                if ev.get("phase") == "in_phase":
-                    continue  # "still inside a phase": the supervisor's status, not a record
-                self.phases.append({**ev, "attempt": attempt})
-                self._observe_phase(attempt, ev)
-                if ev.get("phase") != "checkpoint_load":
-                    continue
-                self.loads.append({**ev, "attempt": attempt})
-                pending = self._recovering.get(attempt)
-                if pending is not None and attempt not in self._load_seen:
-                    self._load_seen.add(attempt)
-                    self.emit(RecoveryPhase(fault_id=pending[0].fault_id, phase="checkpoint_load",
-                                            t_start=ev["t_start"], t_end=ev["t_end"],
-                                            tier=ev.get("tier")))
+    def _add_event(self, attempt: int, ev: dict[str, Any]) -> None:
+        """A timed phase reported by a rank; the first checkpoint load of a recovery is emitted."""
+        self.phases.append({**ev, "attempt": attempt})
+        if ev.get("phase") != "checkpoint_load":
+            return
+        self.loads.append({**ev, "attempt": attempt})
+        pending = self._recovering.get(attempt)
+        if pending is not None and attempt not in self._load_seen:
+            self._load_seen.add(attempt)
+            self.emit(RecoveryPhase(fault_id=pending[0].fault_id, phase="checkpoint_load",
+                                    t_start=ev["t_start"], t_end=ev["t_end"],
+                                    tier=ev.get("tier")))
 
     def startup_phase(self, name: str, t_start: float, t_end: float) -> None:
         with self.lock:
             self.phases.append({"phase": name, "t_start": t_start, "t_end": t_end,
                                 "attempt": 0, "rank": None})
-
-    def _observe_phase(self, attempt: int, ev: dict[str, Any]) -> None:
-        if ev.get("t_end") is None or ev.get("t_start") is None:
-            return
-        untimed = ("release_groups", "init_process_group")
-        if self.timeouts is not None and ev["phase"] not in untimed:
-            self.timeouts.observe(ev["phase"], ev["t_end"] - ev["t_start"])
-        rank = ev.get("rank")
-        # Time inside phases is not step time. A load is followed by the attempt's first step,
-        # which has a timeout of its own: it starts no step interval.
-        if rank is not None and ev["phase"] != "checkpoint_load":
-            key = (attempt, rank)
-            self._last_mark[key] = max(self._last_mark.get(key, 0.0), ev["t_end"])
-
-    def _observe_step(self, attempt: int, rec: dict[str, Any]) -> None:
-        key, t = (attempt, rec["rank"]), rec.get("time")
-        if t is None:
-            return
-        last = self._last_mark.get(key)
-        if last is not None and t > last and self.timeouts is not None:
-            self.timeouts.observe("step", t - last)
-        self._last_mark[key] = max(t, last or 0.0)
 
     def note_reached(self, attempt: int, step: int | None) -> None:
         """A rank reported `step` in `attempt` (see `reached_by_attempt`)."""
@@ -186,21 +216,20 @@ class RunRecord:
                 reached = self.reached_by_attempt.get(attempt, step)
                 self.reached_by_attempt[attempt] = max(step, reached)
 
-    def add_reports(self, attempt: int, records: list[dict[str, Any]]) -> None:
-        """Metric dicts from one rank; a step completes globally when every rank reported it."""
-        with self.lock:
-            for rec in records:
-                self.history.append({**rec, "attempt": attempt})
-                self._observe_step(attempt, rec)
-                self.note_reached(attempt, rec.get("step"))
-                key = (attempt, rec["step"])
-                ranks, t = self._pending.get(key, (set(), 0.0))
-                ranks, t = ranks | {rec["rank"]}, max(t, rec.get("time", self.clock.time()))
-                if len(ranks) < self.world_size:
-                    self._pending[key] = (ranks, t)
-                    continue
-                self._pending.pop(key, None)
-                self._step_done(attempt, rec["step"], t)
+    def _add_step_reports(self, attempt: int, step: int, ranks: list[int], t: float) -> None:
+        """`ranks` reported `step`; it completes globally once every rank has."""
+        key = (attempt, step)
+        if key not in self._pending and attempt in self.first_step_by_attempt \
+                and self.global_step is not None and step <= self.global_step:
+            return  # a duplicate of a completed step (a retried call after an agent restart)
+        seen, newest = self._pending.get(key, (set(), 0.0))
+        seen.update(ranks)
+        newest = max(newest, t)
+        if len(seen) < self.world_size:
+            self._pending[key] = (seen, newest)
+            return
+        self._pending.pop(key, None)
+        self._step_done(attempt, step, newest)
 
     def close_attempt(self, attempt: int, lost: set[int]) -> list[int]:
         """`attempt` is over and the processes of the `lost` ranks are gone, with the reports
@@ -257,6 +286,12 @@ class RunRecord:
                 self._saves.pop(key, None)
                 self.emit(CheckpointSaved(step=step, blocking_s=worst, tier=tier, t=t_last))
 
-    def sorted_history(self) -> list[dict[str, Any]]:
+    def recent_history(self) -> list[dict[str, Any]]:
+        """Rank 0's newest reports, oldest first."""
         with self.lock:
-            return sorted(self.history, key=lambda m: (m["attempt"], m["step"], m["rank"]))
+            return list(self.recent)
+
+    def last_metrics(self) -> dict[str, Any]:
+        """Rank 0's newest report ({} before the first)."""
+        with self.lock:
+            return dict(self.recent[-1]) if self.recent else {}

@@ -13,16 +13,20 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import posixpath
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray_resilience._internal.attempt import AttemptSpec
+from ray_resilience._internal.checkpoint.format.storage import resolve
 from ray_resilience._internal.constants import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     SHUTDOWN_TIMEOUT_ENV_VAR,
     env_float,
 )
+from ray_resilience._internal.control.batch import ProgressBatch
+from ray_resilience._internal.control.metrics_log import MetricsLog
 from ray_resilience._internal.preemption import PreemptionWatch
 from ray_resilience._internal.supervisor.checkpoints import RunCheckpoints
 from ray_resilience._internal.supervisor.detection import FaultDetector
@@ -51,12 +55,20 @@ from ray_resilience._internal.supervisor.state import (
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
 from ray_resilience.config import ResilienceConfig, ScalingConfig
-from ray_resilience.errors import ConfigError, PreemptedError, ResilienceError, RunAbortedError
+from ray_resilience.errors import (
+    ConfigError,
+    PreemptedError,
+    ResilienceError,
+    RunAbortedError,
+    format_ranks,
+)
 from ray_resilience.policy.base import Action, Decision
 from ray_resilience.policy.ladder import create_recovery_policy
 from ray_resilience.policy.state import FaultCause
 from ray_resilience.timeouts import LearnedTimeouts
 
+METRICS_FLUSH_INTERVAL_S = 1.0
+"""How often the metrics log's buffer is written to the run folder."""
 SPARE_REPLENISH_MAX_DELAY_S = 10.0
 """Longest a recovery that used warm spares holds back their replacements (see `_upkeep`)."""
 
@@ -75,7 +87,7 @@ class Supervisor:
                  env_vars: dict[str, str], storage_path: str = "", storage_filesystem: Any = None,
                  callbacks: Sequence[Callback] = (), datasets: dict[str, Any] | None = None,
                  worker_group_factory: WorkerGroupFactory | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, log_metrics: bool = True) -> None:
         self._train_fn, self._train_config = train_fn, train_config
         self._datasets: dict[str, Any] = dict(datasets or {})
         """Ray Datasets by name: materialized when the run schedules (`DatasetSource`s after)."""
@@ -89,8 +101,13 @@ class Supervisor:
         self._timeouts = LearnedTimeouts(
             step_s=resilience.step_timeout_s, first_step_s=resilience.first_step_timeout_s,
             phases_s=dict(resilience.phase_timeouts_s), adaptive=resilience.adaptive_timeouts)
+        self._metrics_log = _open_metrics_log(storage_path, storage_filesystem, run_name,
+                                              log_metrics)
+        self._flushed_at = 0.0
+        self._agent_restarts = 0
         self.record = RunRecord(scaling.num_workers, emit=self._dispatcher.emit,
-                                timeouts=self._timeouts, clock=self._clock)
+                                timeouts=self._timeouts, clock=self._clock,
+                                metrics_log=self._metrics_log)
         self._policy = create_recovery_policy(resilience)
         self._state: State = SCHEDULING
         self._attempt = 0
@@ -122,9 +139,24 @@ class Supervisor:
 
     def heartbeat(self, rank: int, attempt: int, step: int | None, step_time: float | None,
                   metrics: list[dict[str, Any]], saves: list, sent_at: float,
-                  events: Sequence[dict[str, Any]] = ()) -> None:
-        """Called by each rank's side thread every progress interval."""
-        self.record.heartbeat(rank, attempt, step, step_time, metrics, saves, sent_at, list(events))
+                  events: Sequence[dict[str, Any]] = (), activity: int | None = None) -> None:
+        """A rank's side thread, every progress interval, when its node has no agent."""
+        self.record.heartbeat(rank, attempt, step, step_time, metrics, saves, sent_at,
+                              list(events), activity)
+
+    def progress(self, batch: ProgressBatch) -> None:
+        """A node agent's batch: its ranks' heartbeats of one interval."""
+        self.record.fold(batch)
+
+    def agent_restarted(self, node: str) -> None:
+        """Ray restarted `node`'s agent: heartbeats it had not forwarded are lost, so that
+        node's ranks get a fresh allowance instead of being declared lost."""
+        group = self._group
+        ranks = [r for r, n in enumerate(group.node_ids()) if n == node] if group else []
+        log.warning("[%s] node agent on %s restarted; ranks %s keep running", self.run_name, node,
+                    ranks)
+        self._agent_restarts += 1
+        self.record.excuse(ranks)
 
     def fault_fired(self, fault_id: str, info: dict[str, Any]) -> None:
         """An injected fault is about to fire (recorded before: a SIGKILL loses the rest)."""
@@ -137,9 +169,8 @@ class Supervisor:
     def status(self) -> dict[str, Any]:
         """A snapshot for the driver's live display, with the recent events to print."""
         with self.record.lock:
-            last = next((m for m in reversed(self.record.history) if m.get("rank") == 0), {})
             return {"state": self._state.kind.label, "attempt": self._attempt,
-                    "step": self.record.global_step, "metrics": dict(last),
+                    "step": self.record.global_step, "metrics": self.record.last_metrics(),
                     "restarts": len(self._history.faults), "events": self._recent.snapshot(),
                     "elapsed_s": self._clock.time() - self._t_start}
 
@@ -250,6 +281,7 @@ class Supervisor:
         addr, port = group.master()
         local_rank, local_size, node_rank = group.layout()
         fired, plan = self._history.fired(), cfg.fault_plan or ()
+        sinks = group.progress_sinks(cfg.progress_interval_s)
         specs = [AttemptSpec(
             attempt=self._attempt, rank=r, world_size=group.world_size, local_rank=local_rank[r],
             local_world_size=local_size[r], node_rank=node_rank[r], master_addr=addr,
@@ -262,7 +294,8 @@ class Supervisor:
             checkpoint_spec=self._checkpoints.rank_spec(r),
             resume_hint=self.record.global_step or 0,
             faults=tuple(f for f in plan if f.rank == r and f.id not in fired
-                         and f.kind.fired_in_worker), datasets=self._datasets)
+                         and f.kind.fired_in_worker),
+            progress_sink=sinks[r], datasets=self._datasets)
             for r in range(group.world_size)]
         self.record.start_attempt(self._attempt)
         self._futures = group.launch(specs)
@@ -271,6 +304,7 @@ class Supervisor:
         self._checkpoints.poll()
         self._upkeep()
         self._watch_preemption()
+        self._flush_metrics()
         found = self._detector.collect(self._futures, self._attempt)
         for outcome in found.outcomes:
             self.record.add_outcome(outcome)
@@ -285,6 +319,7 @@ class Supervisor:
             return current
         if self._preemption.notice is not None and self._preemption.stopped:
             return self._on_preempted()
+        self._drain_agents()  # the last steps' reports may still sit in node agents
         return Ended(RunState.FINISHED)
 
     def _watch_preemption(self) -> None:
@@ -299,8 +334,7 @@ class Supervisor:
 
     def _step_time(self) -> float | None:
         """Recent seconds per step on rank 0 (None before two steps)."""
-        with self.record.lock:
-            times = [m["time"] for m in self.record.history[-16:] if m.get("rank") == 0]
+        times = [m["time"] for m in self.record.recent_history()[-16:] if "time" in m]
         return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
 
     def _on_preempted(self) -> State:
@@ -323,6 +357,16 @@ class Supervisor:
             return Ended(RunState.FAILED, error)
         return Repairing.of(fault, Decision.respawn_ranks(notice.ranks, notice.nodes))
 
+    def _drain_agents(self) -> None:
+        for batch in self._group.drain_progress():
+            self.record.fold(batch)
+
+    def _flush_metrics(self) -> None:
+        now = self._clock.monotonic()
+        if now - self._flushed_at >= METRICS_FLUSH_INTERVAL_S:
+            self._flushed_at = now
+            self._metrics_log.flush()
+
     def _upkeep(self) -> None:
         """New spares for those a recovery used, once its attempt completed a step (their
         start-up would take CPU from the recovery) or SPARE_REPLENISH_MAX_DELAY_S after it
@@ -338,7 +382,7 @@ class Supervisor:
     def _on_fault(self, fault: DetectedFault) -> State:
         fault = self._history.add(fault, self.record, self._group)
         log.error("[%s attempt %d] %s on ranks %s: %s", self.run_name, self._attempt,
-                  fault.cause.value, list(fault.ranks), fault.error)
+                  fault.cause.value, format_ranks(fault.ranks), fault.error)
         self._dispatcher.emit(detected_event(fault))
         self._dispatcher.flush()
         decision = self._policy.decide(fault.record(), self._history.state(
@@ -372,6 +416,7 @@ class Supervisor:
 
     def _close_attempt(self, fault: DetectedFault, done: RepairOutcome) -> DetectedFault:
         """Counts the steps the lost ranks had finished but not reported; times the teardown."""
+        self._drain_agents()
         late = self.record.close_attempt(self._attempt, set(done.respawned))
         if late:
             fault = dataclasses.replace(fault, step=max(fault.step or 0, late[-1]))
@@ -387,12 +432,17 @@ class Supervisor:
         if self._group is not None:
             self._pids = self._group.pids()
             try:
+                self._drain_agents()
+            except Exception:  # teardown must finish; the reports are lost, not the run
+                log.exception("could not collect the node agents' last reports")
+            try:
                 timeout_s = env_float(SHUTDOWN_TIMEOUT_ENV_VAR, DEFAULT_SHUTDOWN_TIMEOUT_S)
                 self._group.shutdown(timeout_s)
             except Exception:  # teardown must finish; Ray reaps what is left
                 log.exception("worker group shutdown failed")
             self._group = None
         self._checkpoints.shutdown()
+        self._metrics_log.close()
 
     def _finish(self) -> RunOutcome:
         """Closes the timeline, tells the callbacks, and builds the outcome for the driver."""
@@ -404,12 +454,25 @@ class Supervisor:
             state=ended.kind.label, error=error, attempts=self._attempt + 1,
             final_step=self.record.global_step, goodput=goodput, t=self._t_end))
         self._dispatcher.flush()
-        history = self.record.sorted_history()
         return RunOutcome(
-            state=ended.kind.label, error=error, metrics_history=history,
-            metrics=next((m for m in reversed(history) if m["rank"] == 0), {}),
+            state=ended.kind.label, error=error, metrics_history=self.record.recent_history(),
+            metrics=self.record.last_metrics(), control=self._control_summary(),
             attempts=self._attempt + 1, faults=self._history.describe(),
             return_values=[self.record.returns.get(r) for r in range(self.record.world_size)],
             worker_pids=self._pids, wall_s=self._t_end - self._t_start, goodput=goodput,
             timeouts=self._timeouts.snapshot(), checkpoint=self._checkpoints.summary(),
             callback_failures=self._dispatcher.failures())
+
+    def _control_summary(self) -> dict[str, Any]:
+        return {"batches": self.record.num_batches, "reports": self.record.num_reports,
+                "agent_restarts": self._agent_restarts, "metrics_log": self._metrics_log.path,
+                "metrics_log_bytes": self._metrics_log.bytes_written}
+
+
+def _open_metrics_log(storage_path: str, storage_filesystem: Any, run_name: str,
+                      enabled: bool) -> MetricsLog:
+    """The run's metrics log in its folder; a disabled one without a storage path."""
+    if not enabled or not storage_path:
+        return MetricsLog(None, "")
+    fs, base = resolve(storage_path, storage_filesystem)
+    return MetricsLog(fs, posixpath.join(base, run_name))

@@ -22,6 +22,7 @@ from ray_resilience._internal.constants import (
     WORKER_MAX_CONCURRENCY,
     env_float,
 )
+from ray_resilience._internal.control.node_agent import forward_interval_s, start_agent
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.worker_group import startup
@@ -31,6 +32,9 @@ from ray_resilience._internal.worker_group.rank_calls import RankCalls
 from ray_resilience.config import ScalingConfig
 
 log = logging.getLogger(__name__)
+
+AGENT_DRAIN_TIMEOUT_S = 2.0
+"""How long the supervisor waits for the node agents' buffered reports."""
 
 
 class WorkerGroup(RankCalls):
@@ -62,6 +66,8 @@ class WorkerGroup(RankCalls):
         self._preimport_on = False
         self._prestart_nodes: dict[str, int] = {}
         """Node -> prestarted workers to ask for at the next request."""
+        self.agents: dict[str, Any] = {}
+        """Node -> its `NodeAgent`, which batches the heartbeats of the ranks there."""
 
     @property
     def world_size(self) -> int:
@@ -185,6 +191,30 @@ class WorkerGroup(RankCalls):
     def node_ids(self) -> list[str]:
         return [item["node_id"] for item in self.info]
 
+    def progress_sinks(self, interval_s: float) -> list[Any]:
+        """Per rank, the agent of its node (started for nodes that have none yet)."""
+        forward_s = forward_interval_s(interval_s, len(set(self.node_ids())))
+        for node in self.node_ids():
+            if node not in self.agents:
+                self.agents[node] = start_agent(self._supervisor, node, forward_s)
+        return [self.agents[node] for node in self.node_ids()]
+
+    def drain_progress(self) -> list[Any]:
+        """The batches the agents hold now (an agent that does not answer is skipped). Agents of
+        nodes that no longer host a rank (a lost node) are stopped first."""
+        hosting = set(self.node_ids())
+        for node in [n for n in self.agents if n not in hosting]:
+            kill_quietly(self.agents.pop(node))
+        refs = {agent.take.remote(): node for node, agent in self.agents.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=AGENT_DRAIN_TIMEOUT_S)
+        batches = []
+        for ref in ready:
+            try:
+                batches.append(ray.get(ref))
+            except ray.exceptions.RayActorError:  # its node is gone, and the batch with it
+                self.agents.pop(refs[ref], None)
+        return batches
+
     def pids(self) -> list[int]:
         return [item["pid"] for item in self.info]
 
@@ -196,7 +226,9 @@ class WorkerGroup(RankCalls):
             ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
             for actor in everyone:
                 ray.kill(actor, no_restart=True)
-        self.actors, self.spares = [], []
+        for agent in self.agents.values():
+            kill_quietly(agent)
+        self.actors, self.spares, self.agents = [], [], {}
         self.bundles.remove_all()
         if self._preimport_on:
             self._preimport_on = not preimport.switch(self.preimport_key, False)

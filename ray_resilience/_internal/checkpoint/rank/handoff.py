@@ -59,6 +59,8 @@ class WriterLink:
     def __init__(self, *, rank: int, writer: Any, writer_id: str, coordinator: Any) -> None:
         self.rank, self.handle = rank, writer
         self.writer_id, self.coordinator = writer_id, coordinator
+        self.relay: Any = None
+        """The node agent that gathers this node's votes into one call (None: vote directly)."""
 
     def replace(self) -> None:
         dead = self.writer_id
@@ -254,10 +256,12 @@ class HandoffPipeline:
         if rnd.session != self.session:
             return RoundResult(False, "session ended")
         try:
-            result = ray.get(coordinator.vote.remote(rnd.session, rnd.step, self.rank, ready,
-                                                     rnd.plan_id, keys,
-                                                     _vote_wait_s() if ready else 0.0),
-                             timeout=checkpoint_call_timeout_s())
+            args = (rnd.session, rnd.step, self.rank, ready, rnd.plan_id, keys,
+                    _vote_wait_s() if ready else 0.0)
+            relay = self.link.relay
+            call = relay.vote.remote(coordinator, *args) if relay is not None \
+                else coordinator.vote.remote(*args)
+            result = ray.get(call, timeout=checkpoint_call_timeout_s())
             if keys is not None:
                 with self.cond:
                     self._sent_plans.add(rnd.plan_id)

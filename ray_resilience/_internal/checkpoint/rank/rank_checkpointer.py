@@ -54,6 +54,11 @@ class RankCheckpointer:
         self._closed = False
 
 
+    def set_vote_relay(self, relay: Any) -> None:
+        """Votes go through `relay` (this node's agent, one call per node), or straight to the
+        coordinator with None."""
+        self._pipeline.link.relay = relay
+
     def maybe_save(self, step: int, *, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None = None,
                    extra: dict[str, Any] | None = None) -> float | None:

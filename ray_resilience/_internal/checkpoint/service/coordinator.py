@@ -84,6 +84,18 @@ class CommitCoordinator:
             self._round_cond.notify_all()
             return self._wait_round(session, step, rank, wait_s)
 
+    def vote_many(self, session: str, step: int,
+                  votes: dict[int, tuple[bool, str, list[tuple[str, int]] | None]],
+                  wait_s: float) -> dict[int, RoundResult | None]:
+        """One node's votes in one call (see `vote`): the coordinator's calls and waiting
+        threads grow with nodes, not ranks. Returns each voter's outcome (None: open)."""
+        with self._round_cond:
+            self._rounds.vote_many(session, step, votes)
+            self._round_cond.notify_all()
+            first = min(votes)
+            self._wait_round(session, step, first, wait_s)
+            return {rank: self._rounds.result(session, step, rank) for rank in votes}
+
     def poll_round(self, session: str, step: int, rank: int, wait_s: float) -> RoundResult | None:
         with self._round_cond:
             return self._wait_round(session, step, rank, wait_s)

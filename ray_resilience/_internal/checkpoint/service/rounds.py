@@ -64,6 +64,12 @@ class RoundTable:
                 self._resolve(rnd)
         self._forget_old()
 
+    def vote_many(self, session: str, step: int,
+                  votes: dict[int, tuple[bool, str, list[tuple[str, int]] | None]]) -> None:
+        """The votes of one node's ranks in round `step`: rank -> (ready, plan id, keys)."""
+        for rank, (ready, plan_id, keys) in sorted(votes.items()):
+            self.vote(session, step, rank, ready=ready, plan_id=plan_id, keys=keys)
+
     def withdraw(self, session: str, step: int, rank: int, why: str) -> None:
         """`rank` gave up waiting on round `step`: if still open, it ends unclaimed."""
         rnd = self._rounds.get(step) if session == self.session else None

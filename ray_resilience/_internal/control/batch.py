@@ -1,0 +1,147 @@
+"""Folding ranks' heartbeats into one `ProgressBatch`, the message the supervisor handles.
+
+A heartbeat carries one rank's liveness (attempt, step, phase, activity counter) and what it
+recorded since the last one (metric dicts, save timings, timed phases). The folder keeps per rank
+only its newest liveness, turns metric dicts into JSONL bytes for the run's log (the supervisor
+writes them without parsing), groups step completions per (attempt, step), and reduces step and
+phase intervals to (count, worst) per name for the learned timeouts. The supervisor's work per
+batch is then one small tuple per rank plus one entry per step, not one dict per report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from typing import Any
+
+UNTIMED_PHASES = ("release_groups", "init_process_group")
+"""Phases whose length depends on peers and restarts, not on the workload: never learned."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """One rank's newest liveness in a batch."""
+
+    rank: int
+    attempt: int
+    step: int | None
+    step_time: float | None
+    sent_at: float
+    """Worker wall time the heartbeat was sent (orders phase reports)."""
+    phase: str | None
+    """The user-marked phase the rank is inside, or None."""
+    activity: int | None
+    """Counter the rank's side thread bumps when its training thread moved; None: not sampled."""
+
+
+@dataclasses.dataclass
+class ProgressBatch:
+    """What one node's ranks sent during one interval."""
+
+    node: str
+    beats: list[Beat] = dataclasses.field(default_factory=list)
+    steps: dict[tuple[int, int], tuple[list[int], float]] = dataclasses.field(default_factory=dict)
+    """(attempt, step) -> ranks that reported it, newest report time."""
+    reached: dict[int, int] = dataclasses.field(default_factory=dict)
+    """attempt -> newest step any rank reported."""
+    rank0: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Rank 0's metric dicts (with "attempt"): the supervisor's window and `Result.metrics`."""
+    log: bytes = b""
+    """Every metric dict as JSONL, for the run's metrics log."""
+    num_reports: int = 0
+    intervals: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    """Timeout name -> (observations, worst seconds) for `LearnedTimeouts`."""
+    events: list[tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    """(attempt, timed phase) as ranks reported them."""
+    saves: list[tuple[int, list, float]] = dataclasses.field(default_factory=list)
+    """(attempt, save timings, report time) per heartbeat that carried any."""
+
+    def __bool__(self) -> bool:
+        return bool(self.beats or self.events or self.saves or self.num_reports)
+
+
+class ProgressFolder:
+    """Builds batches from heartbeats; thread-safe. Keeps each rank's last step or phase end
+    across batches, to measure the next interval."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._lock = threading.Lock()
+        self._batch = ProgressBatch(node)
+        self._beats: dict[int, Beat] = {}
+        self._lines: list[str] = []
+        self._last_mark: dict[tuple[int, int], float] = {}
+        self._attempt = 0
+
+    def add(self, rank: int, attempt: int, step: int | None, step_time: float | None,
+            metrics: list[dict[str, Any]], saves: list, sent_at: float,
+            events: list[dict[str, Any]], activity: int | None = None) -> None:
+        """Folds one heartbeat in (the arguments of `Supervisor.heartbeat`)."""
+        inside = [e["name"] for e in events if e.get("phase") == "in_phase"]
+        beat = Beat(rank, attempt, step, step_time, sent_at, inside[-1] if inside else None,
+                    activity)
+        with self._lock:
+            if attempt > self._attempt:  # marks of older attempts measure nothing any more
+                self._attempt = attempt
+                self._last_mark = {k: v for k, v in self._last_mark.items() if k[0] >= attempt}
+            batch, old = self._batch, self._beats.get(rank)
+            if old is None or (old.attempt, old.sent_at) <= (attempt, sent_at):
+                self._beats[rank] = beat
+            for ev in events:
+                if ev.get("phase") != "in_phase":
+                    batch.events.append((attempt, ev))
+                    self._observe_phase(attempt, ev)
+            for rec in metrics:
+                self._add_report(attempt, rec)
+            if saves:
+                batch.saves.append((attempt, list(saves), sent_at))
+
+    def add_reports(self, attempt: int, records: list[dict[str, Any]]) -> None:
+        """Metric dicts of any ranks, outside a heartbeat (an attempt's outcome)."""
+        with self._lock:
+            for rec in records:
+                self._add_report(attempt, rec)
+
+    def _add_report(self, attempt: int, rec: dict[str, Any]) -> None:
+        batch, step, rank = self._batch, rec["step"], rec["rank"]
+        t = rec.get("time", 0.0)
+        ranks, newest = batch.steps.get((attempt, step), ([], 0.0))
+        ranks.append(rank)
+        batch.steps[(attempt, step)] = (ranks, max(newest, t))
+        batch.reached[attempt] = max(step, batch.reached.get(attempt, step))
+        batch.num_reports += 1
+        full = {**rec, "attempt": attempt}
+        if rank == 0:
+            batch.rank0.append(full)
+        self._lines.append(json.dumps(full, default=str))
+        key, last = (attempt, rank), self._last_mark.get((attempt, rank))
+        if last is not None and t > last:
+            self._interval("step", t - last)
+        self._last_mark[key] = max(t, last or 0.0)
+
+    def _observe_phase(self, attempt: int, ev: dict[str, Any]) -> None:
+        if ev.get("t_end") is None or ev.get("t_start") is None:
+            return
+        if ev["phase"] not in UNTIMED_PHASES:
+            self._interval(ev["phase"], ev["t_end"] - ev["t_start"])
+        rank = ev.get("rank")
+        # Time inside phases is not step time. A load is followed by the attempt's first step,
+        # which has a timeout of its own: it starts no step interval.
+        if rank is not None and ev["phase"] != "checkpoint_load":
+            key = (attempt, rank)
+            self._last_mark[key] = max(self._last_mark.get(key, 0.0), ev["t_end"])
+
+    def _interval(self, name: str, seconds: float) -> None:
+        count, worst = self._batch.intervals.get(name, (0, 0.0))
+        self._batch.intervals[name] = (count + 1, max(worst, seconds))
+
+    def take(self) -> ProgressBatch:
+        """The batch so far (empty if nothing arrived); the next one starts empty."""
+        with self._lock:
+            batch, self._batch = self._batch, ProgressBatch(self.node)
+            batch.beats, self._beats = list(self._beats.values()), {}
+            if self._lines:
+                batch.log = ("\n".join(self._lines) + "\n").encode()
+                self._lines = []
+            return batch

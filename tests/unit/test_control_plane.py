@@ -1,0 +1,191 @@
+"""The control plane's pieces without Ray: heartbeats folded per node, the run record's bounded
+memory, liveness from activity, the metrics log, and the activity probe on a real thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+import tracemalloc
+
+import pyarrow.fs as pafs
+import pytest
+
+import ray_resilience as rr
+from ray_resilience._internal.control.batch import ProgressFolder
+from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
+from ray_resilience._internal.control.node_agent import MAX_BATCHES_PER_S, forward_interval_s
+from ray_resilience._internal.rank.liveness import ActivityProbe
+from ray_resilience._internal.supervisor.detection import FaultDetector
+from ray_resilience._internal.supervisor.rank_status import RankStatus
+from ray_resilience._internal.supervisor.run_record import RECENT_REPORTS, RunRecord
+from ray_resilience.errors import HangError, format_ranks
+from ray_resilience.timeouts import LearnedTimeouts
+from tests.support.dummy_group import FakeClock
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _report(rank: int, step: int) -> dict:
+    return {"loss": 1.0 / step, "rank": rank, "step": step, "time": float(step)}
+
+
+def test_a_node_batch_keeps_each_ranks_newest_beat_and_groups_reports_per_step():
+    folder = ProgressFolder("node-a")
+    for sent in (1.0, 2.0):
+        for rank in (0, 1):
+            folder.add(rank, 0, int(sent), sent, [_report(rank, int(sent))], [], sent,
+                       [{"phase": "in_phase", "name": "validation", "t_start": 0.5}], activity=7)
+    batch = folder.take()
+    assert sorted((b.rank, b.step, b.phase, b.activity) for b in batch.beats) == [
+        (0, 2, "validation", 7), (1, 2, "validation", 7)]
+    assert {k: sorted(v[0]) for k, v in batch.steps.items()} == {(0, 1): [0, 1], (0, 2): [0, 1]}
+    assert [m["step"] for m in batch.rank0] == [1, 2] and batch.num_reports == 4
+    lines = [json.loads(x) for x in batch.log.decode().splitlines()]
+    assert {(m["rank"], m["step"], m["attempt"]) for m in lines} == {
+        (r, s, 0) for r in (0, 1) for s in (1, 2)}
+    assert batch.intervals == {"step": (2, 1.0)}  # each rank's step 1 -> step 2
+    assert not folder.take()  # the next batch starts empty
+
+
+@pytest.mark.timeout(180)  # about 3 s on an idle core; tracemalloc slows it on a busy one
+def test_the_run_record_stays_bounded_over_a_hundred_thousand_reports():
+    world, steps = 100, 1_000
+    record = RunRecord(world, clock=FakeClock())
+    record.start_attempt(0)
+    completed = []
+    record.emit = lambda event: completed.append(event)
+
+    def feed(first: int, last: int) -> None:
+        folder = ProgressFolder("n")
+        for step in range(first, last):  # a batch per 10 steps, as an agent's interval holds
+            folder.add_reports(0, [_report(r, step) for r in range(world)])
+            if step % 10 == 9:
+                record.fold(folder.take())
+        record.fold(folder.take())
+
+    feed(1, 200)  # 19,900 reports: warm every structure up
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    feed(200, steps + 1)  # 80,100 more
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert record.num_reports == world * steps == 100_000
+    assert record.global_step == steps and len(completed) == steps
+    assert len(record.recent) == RECENT_REPORTS and record.recent[-1]["step"] == steps
+    assert not record._pending
+    assert grown < 512 * 1024, f"the record grew by {grown} bytes over 80,100 reports"
+
+
+def test_activity_is_liveness_between_reports_and_its_absence_is_silence():
+    status = RankStatus(0, progress_at=0.0, heartbeat_at=0.0)
+    status.reset(0, 0.0)
+    status.observe(0, 5, 1.0, now=1.0, activity=1)
+    status.observe(0, 5, 1.0, now=50.0, activity=2)  # no report for 49 s, but it moved
+    assert status.silent_for(60.0) == pytest.approx(10.0)
+    status.observe(0, 5, 1.0, now=90.0, activity=2)  # heartbeats go on, the thread stopped
+    assert status.silent_for(90.0) == pytest.approx(40.0) and status.heartbeat_at == 90.0
+
+
+def test_an_agent_restart_excuses_its_ranks_silence():
+    clock = FakeClock()
+    record = RunRecord(2, clock=clock)
+    record.start_attempt(0)
+    clock.advance(8.0)
+    record.excuse([1])
+    statuses = record.rank_statuses()
+    now = clock.monotonic()
+    assert now - statuses[0].heartbeat_at == 8.0 and now - statuses[1].heartbeat_at == 0.0
+
+
+def test_the_metrics_log_keeps_every_report_and_reads_back_the_newest(tmp_path):
+    fs = pafs.LocalFileSystem()
+    log = MetricsLog(fs, str(tmp_path / "run"))  # the run folder is created on first write
+    folder = ProgressFolder("n")
+    for step in range(1, 101):
+        folder.add_reports(0, [_report(r, step) for r in range(3)])
+        log.append(folder.take().log)
+        if step % 10 == 0:
+            log.flush()
+    log.close()
+    with open(log.path) as f:
+        assert sum(1 for _ in f) == 300
+    newest = read_newest(fs, log.path, 6)
+    assert [(m["step"], m["rank"]) for m in newest] == [(99, 0), (99, 1), (99, 2),
+                                                          (100, 0), (100, 1), (100, 2)]
+    assert read_newest(fs, str(tmp_path / "absent.jsonl"), 5) == []
+
+
+def test_the_probe_counts_a_thread_that_moves_and_not_one_that_is_blocked():
+    reached_b, release_a, release_b = threading.Event(), threading.Event(), threading.Event()
+
+    def training() -> None:
+        release_a.wait()
+        reached_b.set()
+        release_b.wait()
+
+    thread = threading.Thread(target=training, daemon=True)
+    thread.start()
+    probe = ActivityProbe()
+    assert probe.sample() is None  # nothing watched yet
+    probe.watch(thread.ident)
+    first = probe.sample()
+    assert probe.sample() == probe.sample() == first  # blocked on one line: no movement
+    release_a.set()
+    reached_b.wait(10)
+    moved = probe.sample()
+    assert moved == first + 1 and probe.sample() == moved
+    release_b.set()
+    thread.join(10)
+
+
+def test_the_probe_counts_cpu_work_on_one_line_as_movement():
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set(): pass  # noqa: E701 - one line: only CPU time can show the work
+
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+    probe = ActivityProbe()
+    probe.watch(thread.ident)
+    first = probe.sample()
+    deadline = threading.Event()
+    moved = first
+    for _ in range(200):  # until the thread has had 5 ms of CPU; no timing asserted
+        deadline.wait(0.01)
+        moved = probe.sample()
+        if moved > first:
+            break
+    stop.set()
+    thread.join(10)
+    assert moved > first
+
+
+def test_rank_lists_in_messages_are_ranges_so_thousands_of_ranks_stay_one_line():
+    assert format_ranks([0]) == "[0]" and format_ranks([3, 1]) == "[1, 3]"
+    assert format_ranks([*range(16, 4096), 7, 5, 6, 9, 10]) == "[5-7, 9, 10, 16-4095]"
+    error = HangError(range(4096), 2, 13.0, "InJobConfig.heartbeat_timeout_s", 10.0)
+    assert str(error).startswith("ranks [0-4095] made no progress for 13.0 s in attempt 2")
+
+
+def test_agents_forward_less_often_past_the_supervisors_batch_budget():
+    assert forward_interval_s(0.25, 16) == 0.25
+    assert forward_interval_s(0.25, 512) == 512 / MAX_BATCHES_PER_S > 0.25
+
+
+def test_a_lost_heartbeat_needs_one_first_a_starting_rank_waits_for_its_first_step():
+    cfg = rr.ResilienceConfig(in_job=rr.InJobConfig(heartbeat_timeout_s=5.0),
+                              step_timeout_s=30.0, first_step_timeout_s=60.0)
+    clock = FakeClock()
+    record = RunRecord(2, clock=clock)
+    record.start_attempt(0)
+    timeouts = LearnedTimeouts(step_s=cfg.step_timeout_s, first_step_s=60.0, phases_s={},
+                               adaptive=None)
+    detector = FaultDetector(None, cfg, timeouts, clock)
+    clock.advance(20.0)
+    record.heartbeat(0, 0, None, None, [], [], 0.0, [], 1)  # rank 1 still starting (no beat)
+    assert detector.silence(record.rank_statuses(), 0) is None
+    clock.advance(6.0)
+    record.heartbeat(1, 0, None, None, [], [], 0.0, [], 1)
+    fault = detector.silence(record.rank_statuses(), 0)
+    assert fault is not None and fault.cause.value == "unresponsive" and fault.ranks == (0,)
