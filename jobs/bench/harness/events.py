@@ -85,8 +85,10 @@ class EventLog:
         self.write("load", rank=rank, t_start=t_start, from_step=from_step, tier=tier)
 
     def step(self, rank: int, step: int, loss: float) -> None:
-        """This rank finished step `step` (optimizer step applied)."""
-        self.write("step", rank=rank, step=step, loss=loss)
+        """This rank finished step `step` (optimizer step applied); with the CPU seconds its
+        process and its calling (training) thread had used by then, for per-step CPU cost."""
+        self.write("step", rank=rank, step=step, loss=loss, cpu_s=time.process_time(),
+                   thread_cpu_s=time.thread_time())
 
     def save(self, rank: int, step: int, blocking_s: float, *, tier: str | None = None,
              part: str | None = None) -> None:

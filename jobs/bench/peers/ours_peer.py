@@ -5,7 +5,9 @@
   actors and the node-local tier;
 - ours-spare: the same with one warm spare actor (`InJobConfig(num_spares=1)`): one more rank
   slot held idle, charged in infra goodput per slot;
-- ours-all: `InJobConfig(policy="all")`: every rank is replaced (what ft_launcher does).
+- ours-all: `InJobConfig(policy="all")`: every rank is replaced (what ft_launcher does);
+- ours-disabled: `ResilienceConfig.disabled()` and no checkpoints: the same actors and loop
+  with nothing of ours beside them, the fault-free overhead benchmark's floor (no faults).
 
 The train function is the peers' loop written against our public API: `load_checkpoint` once,
 `report(..., checkpoint=CheckpointState)` per step with the RNG state in `extra`. Faults fire
@@ -37,7 +39,9 @@ from ray_resilience.examples.token_data import TokenDataset
 from ray_resilience.goodput import RunTimeline
 from ray_resilience.testing import FaultKind
 
-VARIANTS = {"default": {}, "spare": {"num_spares": 1}, "all": {"policy": "all"}}
+VARIANTS = {"default": {}, "spare": {"num_spares": 1}, "all": {"policy": "all"},
+            "disabled": None}
+"""Variant -> `InJobConfig` kwargs; None: `ResilienceConfig.disabled()`, no checkpoints."""
 #: Longest silence before an attempt's first step (import, model build, checkpoint load); the
 #: same as ft_launcher's initial heartbeat timeout.
 FIRST_STEP_TIMEOUT_S = 120.0
@@ -86,8 +90,13 @@ class OursPeer:
             raise ValueError(f"variant={variant!r} is invalid; use one of {list(VARIANTS)}.")
         self.variant, self.in_job = variant, VARIANTS[variant]
         self.name = "ours" if variant == "default" else f"ours-{variant}"
-        self.num_spares = self.in_job.get("num_spares", 0)
+        self.num_spares = (self.in_job or {}).get("num_spares", 0)
         self.timeout_s = timeout_s  # enforced by the supervisor's own timeouts
+        if self.in_job is None:
+            self.supported_kinds = frozenset()
+            self.uses_durable = self.local_tier = False
+            self.config = "ResilienceConfig.disabled: no restarts, no checkpoints"
+            return
         self.config = ("ResilienceConfig.default: in-process restart, respawn "
                        f"{self.in_job.get('policy', 'replace-failed')}"
                        + (f", {self.num_spares} warm spare" if self.num_spares else "")
@@ -119,10 +128,14 @@ class OursPeer:
         return run
 
     def _trainer(self, workload: Workload) -> Any:
-        checkpoint = CheckpointConfig(
-            interval_steps=workload.checkpoint_interval,
-            local_interval_steps=workload.local_interval, local_dir=workload.local_root,
-            local_max_bytes=None)
+        timeouts = {"step_timeout_s": workload.detect_timeout_s,
+                    "first_step_timeout_s": FIRST_STEP_TIMEOUT_S}
+        if self.in_job is None:
+            resilience = rr.ResilienceConfig.disabled(**timeouts)
+        else:
+            resilience = rr.ResilienceConfig.default(
+                checkpoint=self._checkpoint_config(workload),
+                in_job=rr.InJobConfig(**self.in_job), **timeouts)
         return rr.ResilientTrainer(
             _train_loop,
             train_loop_config={"workload": workload.to_json()},
@@ -132,11 +145,15 @@ class OursPeer:
             run_config=rr.RunConfig(name=f"{self.name}-{int(time.time())}",
                                     storage_path=os.path.join(workload.run_dir, "storage"),
                                     verbose=False),
-            resilience=rr.ResilienceConfig.default(
-                checkpoint=checkpoint, in_job=rr.InJobConfig(**self.in_job),
-                step_timeout_s=workload.detect_timeout_s,
-                first_step_timeout_s=FIRST_STEP_TIMEOUT_S),
+            resilience=resilience,
         )
+
+    @staticmethod
+    def _checkpoint_config(workload: Workload) -> CheckpointConfig:
+        return CheckpointConfig(
+            interval_steps=workload.checkpoint_interval,
+            local_interval_steps=workload.local_interval, local_dir=workload.local_root,
+            local_max_bytes=None)
 
 
 def _from(timeline: RunTimeline, t_start: float) -> RunTimeline:

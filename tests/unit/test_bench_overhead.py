@@ -1,0 +1,78 @@
+"""The overhead benchmark's arithmetic on synthetic step logs: per-step wall and CPU time from
+consecutive step events, warm-up left out, re-run steps counted once, arms parsed with their
+checkouts, per-repetition ratios."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "jobs", "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+from harness.events import write_events  # noqa: E402
+from overhead.ab import _paired  # noqa: E402
+from overhead.arms import parse_arms  # noqa: E402
+from overhead.steps import run_costs  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _steps(rank: int, n: int, *, wall: float, thread: float, process: float) -> list[dict]:
+    return [{"ev": "step", "rank": rank, "step": s, "t": 100.0 + s * wall,
+             "thread_cpu_s": s * thread, "cpu_s": s * process, "loss": 1.0}
+            for s in range(1, n + 1)]
+
+
+def test_costs_are_per_step_differences_after_the_warmup(tmp_path) -> None:
+    run = str(tmp_path)
+    slow_start = _steps(0, 20, wall=0.1, thread=0.05, process=0.06)
+    slow_start[0]["t"] -= 5.0  # step 1 took long: inside the warm-up, not counted
+    write_events(run, "rank0", slow_start)
+    write_events(run, "rank1", _steps(1, 20, wall=0.1, thread=0.03, process=0.05))
+    costs = run_costs(run, warmup=2)
+    assert costs["wall_median_s"] == pytest.approx(0.1)
+    assert costs["wall_mean_s"] == pytest.approx(0.1)
+    assert costs["thread_cpu_median_s"] == pytest.approx(0.04)  # the mean of the ranks'
+    assert costs["process_cpu_median_s"] == pytest.approx(0.055)
+    assert costs["per_rank"]["0"]["steps"] == 17  # steps 3..20: 17 intervals
+
+
+def test_a_step_logged_twice_counts_once_and_gaps_are_skipped(tmp_path) -> None:
+    run = str(tmp_path)
+    events = _steps(0, 10, wall=0.1, thread=0.05, process=0.05)
+    events = [e for e in events if e["step"] != 6]  # a gap: 5 -> 7 is no step interval
+    events.append({**events[-1], "t": events[-1]["t"] + 0.1})  # step 10 again, later
+    write_events(run, "rank0", events)
+    costs = run_costs(run, warmup=0)
+    assert costs["per_rank"]["0"]["steps"] == 7
+    assert costs["wall_mean_s"] == pytest.approx((0.1 * 6 + 0.2) / 7)
+
+
+def test_no_steps_means_no_costs(tmp_path) -> None:
+    assert run_costs(str(tmp_path), warmup=0) is None
+
+
+def test_arms_name_their_checkout() -> None:
+    arms = parse_arms(["torchrun", "ours@before"], {"before": "/tmp/x"})
+    assert [a.mechanism for a in arms] == ["torchrun", "ours"]
+    assert arms[0].checkout is None and arms[1].paths == ["/tmp/x/jobs/bench", "/tmp/x"]
+    with pytest.raises(ValueError, match="--checkout after=PATH"):
+        parse_arms(["ours@after"], {})
+
+
+def test_paired_ratios_are_taken_within_each_repetition() -> None:
+    arms = parse_arms(["a", "b"], {})
+    kinds = {"wall_median_s": 1.0, "wall_mean_s": 1.0, "thread_cpu_median_s": 1.0,
+             "thread_cpu_mean_s": 1.0, "process_cpu_median_s": 1.0, "process_cpu_mean_s": 1.0}
+    runs = [{"arm": "a", "rep": 0, "costs": {**kinds, "wall_median_s": 1.1}},
+            {"arm": "b", "rep": 0, "costs": kinds},
+            {"arm": "a", "rep": 1, "costs": {**kinds, "wall_median_s": 2.2}},
+            {"arm": "b", "rep": 1, "costs": {**kinds, "wall_median_s": 2.0}},
+            {"arm": "a", "rep": 2, "costs": None}]
+    wall = _paired(arms, runs)["a vs b"]["wall_median_s"]
+    assert wall["median"] == pytest.approx(0.1) and wall["n"] == 2
