@@ -4,8 +4,10 @@ checkouts, per-repetition ratios."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
 
 import pytest
 
@@ -15,9 +17,12 @@ if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
 from harness.events import write_events  # noqa: E402
+from harness.threads import snapshot  # noqa: E402
 from overhead.ab import _paired  # noqa: E402
+from overhead.accounting import account  # noqa: E402
 from overhead.arms import parse_arms  # noqa: E402
 from overhead.steps import run_costs  # noqa: E402
+from sweep.runner import PROCESSES_FILE  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,3 +81,48 @@ def test_paired_ratios_are_taken_within_each_repetition() -> None:
             {"arm": "a", "rep": 2, "costs": None}]
     wall = _paired(arms, runs)["a vs b"]["wall_median_s"]
     assert wall["median"] == pytest.approx(0.1) and wall["n"] == 2
+
+
+def test_accounting_charges_the_window_between_two_thread_snapshots(tmp_path) -> None:
+    run = str(tmp_path)
+
+    def threads(step: int, t: float, train_cpu: float, progress_cpu: float) -> dict:
+        return {"ev": "threads", "rank": 0, "step": step, "t": t, "threads": [
+            {"tid": 1, "name": "rr-train-r0-a0", "python": True, "cpu_s": train_cpu, "nice": 0,
+             "voluntary": 10 * step, "involuntary": step},
+            {"tid": 2, "name": "rr-progress-r0-a0", "python": True, "cpu_s": progress_cpu,
+             "nice": 0, "voluntary": step, "involuntary": 0},
+            {"tid": 3, "name": "gloo_tcp_loop", "python": False, "cpu_s": 0.5, "nice": 0,
+             "voluntary": 0, "involuntary": 0}]}
+
+    write_events(run, "rank0", [threads(10, 100.0, 1.0, 0.1), threads(30, 102.0, 2.0, 0.14)])
+    samples = {"7": {"role": "raylet", "samples": [[99.0, 5.0, 100], [101.0, 5.2, 300],
+                                                   [102.0, 5.4, 200], [103.0, 9.0, 900]]},
+               "8": {"role": "ray::WorkerActor", "samples": [[101.5, 0.3, 50]]},
+               "9": {"role": "gone", "samples": [[50.0, 1.0, 10]]}}
+    with open(tmp_path / PROCESSES_FILE, "w") as f:
+        json.dump(samples, f)
+    found = account(run)
+    assert found["steps"] == 20 and found["window_s"] == pytest.approx(2.0)
+    raylet = found["processes"]["raylet"]
+    assert raylet["cpu_s"] == pytest.approx(0.4) and raylet["rss_bytes"] == 300
+    assert raylet["cpu_per_step_s"] == pytest.approx(0.02)
+    assert raylet["core_share"] == pytest.approx(0.2)
+    assert found["processes"]["ray::WorkerActor"]["cpu_s"] == pytest.approx(0.3)  # born inside
+    assert "gone" not in found["processes"]
+    train = found["rank_threads"]["rr-train"]
+    assert train["cpu_per_step_s"] == pytest.approx(0.05)
+    assert train["switches_per_step"] == pytest.approx(11.0) and train["nice"] == [0]
+    assert list(found["rank_threads"]) == ["rr-train", "rr-progress", "gloo_tcp_loop"]
+
+
+def test_thread_snapshot_names_python_threads_and_counts_cpu() -> None:
+    done = threading.Event()
+    worker = threading.Thread(target=done.wait, name="bench-test-thread")
+    worker.start()
+    try:
+        rows = {t["name"]: t for t in snapshot()}
+    finally:
+        done.set()
+        worker.join()
+    assert rows["bench-test-thread"]["python"] and rows["MainThread"]["cpu_s"] > 0

@@ -23,10 +23,14 @@ from sweep.isolated import run_isolated
 
 from ray_resilience.examples.token_data import generate_shards
 
+from .accounting import account
 from .arms import SETTINGS, Arm
 from .steps import FIELDS, run_costs
 
 KINDS = tuple(f"{name}_{stat}_s" for name in FIELDS for stat in ("median", "mean"))
+RAY_START_TIMEOUT = "timed out during startup"
+"""Ray's head gives its raylet a fixed 30 s to register: a loaded machine misses it."""
+START_TRIES = 3
 
 
 def _rotated(arms: list[Arm], by: int) -> list[Arm]:
@@ -59,17 +63,24 @@ def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str
          timeout_s: float) -> dict[str, Any]:
     run_dir = os.path.join(root, f"{index:03d}-{arm.name.replace('@', '-')}")
     local_root = f"/dev/shm/rrbench-oh-{os.getpid()}-{index:03d}"
-    workload = arm.workload(base.with_(run_dir=run_dir, local_root=local_root), setting)
-    load_start, t0 = os.getloadavg()[0], time.time()
-    result = run_isolated(arm.mechanism, workload, timeout_s=timeout_s, paths=arm.paths)
-    costs = run_costs(run_dir, setting.warmup) if result["status"] == "ok" else None
+    workload = arm.workload(base.with_(run_dir=run_dir, local_root=local_root,
+                                       snapshot_steps=(setting.warmup, setting.steps - 1)),
+                            setting)
+    for _ in range(START_TRIES):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        load_start, t0 = os.getloadavg()[0], time.time()
+        result = run_isolated(arm.mechanism, workload, timeout_s=timeout_s, paths=arm.paths)
+        if RAY_START_TIMEOUT not in (result.get("error") or ""):
+            break
+    ok = result["status"] == "ok"
+    costs = run_costs(run_dir, setting.warmup) if ok else None
     for name in ("checkpoints", "storage"):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
     return {"arm": arm.name, "rep": rep, "status": result["status"], "error": result.get("error"),
             "load_average_start": round(load_start, 2),
             "load_average_end": round(os.getloadavg()[0], 2),
             "run_s": round(time.time() - t0, 1), "usage": result.get("usage"),
-            "costs": costs, "run_dir": run_dir}
+            "costs": costs, "accounting": account(run_dir) if ok else None, "run_dir": run_dir}
 
 
 def _arm_summary(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:

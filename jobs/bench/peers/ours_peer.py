@@ -73,6 +73,8 @@ def _train_loop(config: dict[str, Any]) -> dict[str, int]:
                                    extra={"data_step": step, "rng": torch.get_rng_state()})
         rr.report({"loss": loss.item()}, step=step, checkpoint=state)
         log.step(rank, step, loss.item())
+        if step in workload.snapshot_steps:
+            log.threads(rank, step)
     write_final_params(workload, model, rank)
     return {"final_step": workload.max_steps}
 
