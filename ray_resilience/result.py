@@ -33,6 +33,11 @@ class Result:
     """The newest committed checkpoint (step and path), when checkpointing is on."""
     timeouts: dict[str, Any] | None = None
     """Hang timeouts in force at the end and the worst interval observed per phase."""
+    phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Every timed phase ({"phase", "t_start", "t_end", "attempt", "rank"}): the start-up's
+    (placement, start_workers, start_checkpointing), each new rank process's (process_start,
+    imports, prewarm) and each attempt's (release_groups, init_process_group,
+    checkpoint_load, user phases)."""
 
     @property
     def ok(self) -> bool:

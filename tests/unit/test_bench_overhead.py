@@ -17,10 +17,12 @@ if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
 from harness.events import write_events  # noqa: E402
+from harness.spec import PHASES_FILE  # noqa: E402
 from harness.threads import snapshot  # noqa: E402
 from overhead.ab import _paired  # noqa: E402
 from overhead.accounting import account  # noqa: E402
 from overhead.arms import parse_arms  # noqa: E402
+from overhead.startup import split  # noqa: E402
 from overhead.steps import run_costs  # noqa: E402
 from sweep.runner import PROCESSES_FILE  # noqa: E402
 
@@ -126,3 +128,39 @@ def test_thread_snapshot_names_python_threads_and_counts_cpu() -> None:
         done.set()
         worker.join()
     assert rows["bench-test-thread"]["python"] and rows["MainThread"]["cpu_s"] > 0
+
+
+def test_startup_split_follows_the_last_rank_through_ours_phases(tmp_path) -> None:
+    run = str(tmp_path)
+    phases = [{"phase": "placement", "t_start": 13.0, "t_end": 14.0, "attempt": 0, "rank": None}]
+    for rank, (boot, imported, warm) in enumerate([(15.0, 17.0, 18.0), (15.5, 17.5, 18.5)]):
+        phases += [{"phase": "process_start", "t_start": 14.2, "t_end": boot, "rank": rank},
+                   {"phase": "imports", "t_start": boot, "t_end": imported, "rank": rank},
+                   {"phase": "prewarm", "t_start": imported, "t_end": warm, "rank": rank}]
+    phases = [{**p, "attempt": 0} for p in phases]
+    phases.append({"phase": "prewarm", "t_start": 40.0, "t_end": 41.0, "attempt": 1, "rank": 1})
+    with open(tmp_path / PHASES_FILE, "w") as f:
+        json.dump({"t_launch": 10.0, "t_fit": 12.0, "phases": phases}, f)
+    write_events(run, "rank0", [{"ev": "pg_ready", "rank": 0, "t": 19.0},
+                                {"ev": "step", "rank": 0, "step": 1, "t": 20.0},
+                                {"ev": "step", "rank": 0, "step": 2, "t": 20.1}])
+    write_events(run, "rank1", [{"ev": "pg_ready", "rank": 1, "t": 19.2}])
+    got = split(run, 10.0)
+    assert got == pytest.approx({
+        "runtime": 2.0, "launcher": 2.0, "boot": 1.5, "imports": 2.0, "prewarm": 1.0,
+        "rendezvous + build": 0.7, "load": 0.0, "first step": 0.8, "total": 10.0})
+
+
+def test_startup_split_of_a_launcher_run_has_no_runtime_boot_or_prewarm(tmp_path) -> None:
+    run = str(tmp_path)
+    for rank in (0, 1):
+        write_events(run, f"rank{rank}", [
+            {"ev": "start", "rank": rank, "pid": 100 + rank, "t": 11.0 + rank},
+            {"ev": "imported", "rank": rank, "t": 14.0},
+            {"ev": "pg_ready", "rank": rank, "t": 15.0},
+            {"ev": "load", "rank": rank, "t": 15.5, "t_start": 15.0, "from_step": 0},
+            {"ev": "step", "rank": rank, "step": 1, "t": 16.0}])
+    got = split(run, 10.0)
+    assert got == pytest.approx({
+        "runtime": 0.0, "launcher": 2.0, "boot": 0.0, "imports": 2.0, "prewarm": 0.0,
+        "rendezvous + build": 1.0, "load": 0.5, "first step": 0.5, "total": 6.0})

@@ -22,6 +22,8 @@ from .sizes import size
 WORKLOAD_FILE = "workload.json"
 #: Where rank 0 leaves the full (unsharded) parameters at the end of a run.
 FINAL_PARAMS_FILE = "final_params.pt"
+#: Where our runner leaves its launch and `fit()` times and our supervisor's timed phases.
+PHASES_FILE = "phases.json"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ from ray_resilience.examples.token_data import generate_shards
 
 from .accounting import account
 from .arms import SETTINGS, Arm
+from .startup import SEGMENTS, split
 from .steps import FIELDS, run_costs
 
 KINDS = tuple(f"{name}_{stat}_s" for name in FIELDS for stat in ("median", "mean"))
@@ -74,20 +75,25 @@ def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str
             break
     ok = result["status"] == "ok"
     costs = run_costs(run_dir, setting.warmup) if ok else None
+    launched = (result.get("timeline") or {}).get("t_start")
+    startup = split(run_dir, launched) if ok and launched else None
     for name in ("checkpoints", "storage"):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
     return {"arm": arm.name, "rep": rep, "status": result["status"], "error": result.get("error"),
             "load_average_start": round(load_start, 2),
             "load_average_end": round(os.getloadavg()[0], 2),
             "run_s": round(time.time() - t0, 1), "usage": result.get("usage"),
-            "costs": costs, "accounting": account(run_dir) if ok else None, "run_dir": run_dir}
+            "costs": costs, "startup": startup,
+            "accounting": account(run_dir) if ok else None, "run_dir": run_dir}
 
 
 def _arm_summary(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     mine = [r for r in runs if r["arm"] == name and r["costs"]]
     return {"ok": len(mine), "runs": sum(r["arm"] == name for r in runs),
             "load_average": summary([r["load_average_start"] for r in mine]),
-            **{kind: summary([r["costs"][kind] for r in mine]) for kind in KINDS}}
+            **{kind: summary([r["costs"][kind] for r in mine]) for kind in KINDS},
+            "startup": {name: summary([r["startup"][name] for r in mine if r["startup"]])
+                        for name in (*SEGMENTS, "total")}}
 
 
 def _paired(arms: list[Arm], runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ over 64 MiB) at the interval its measured cost calls for, like every tier of eve
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from harness.events import EventLog, FaultLedger
 from harness.ray_session import rank_resources, ray_for
-from harness.spec import PeerRun, Workload
+from harness.spec import PHASES_FILE, PeerRun, Workload
 from harness.timeline import align_to_ledger
 from harness.workload import FaultTrigger, Restored, build, restore, write_final_params
 
@@ -57,6 +58,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, int]:
     log = EventLog(workload.run_dir, f"rank{rank}-pid{os.getpid()}-a{ctx.attempt}")
     log.start(rank, t_entry)  # every peer logs its steps too (the node killer reads them)
     model, optimizer = build(workload)
+    log.pg_ready(rank)
     loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
     start = restore(workload, rank, None if loaded is None else Restored(
         step=loaded.step, rng=loaded.extra.get("rng"), tier=loaded.tier))
@@ -115,7 +117,9 @@ class OursPeer:
                              "benchmark's ledger"])
         t_start = time.time()
         with ray_for(workload, num_cpus=workload.world_size + self.num_spares + 1) as call:
+            t_fit = time.time()
             result = call(self._trainer(workload).fit)
+        _write_phases(workload.run_dir, t_start, t_fit, result.phases)
         report = getattr(result, "goodput", None)
         timeline = getattr(report, "timeline", None)
         if timeline is not None:
@@ -156,6 +160,12 @@ class OursPeer:
             interval_steps=workload.checkpoint_interval,
             local_interval_steps=workload.local_interval, local_dir=workload.local_root,
             local_max_bytes=None)
+
+
+def _write_phases(run_dir: str, t_launch: float, t_fit: float, phases: list) -> None:
+    """When the run was launched and `fit()` called, and the phases our supervisor timed."""
+    with open(os.path.join(run_dir, PHASES_FILE), "w", encoding="utf-8") as f:
+        json.dump({"t_launch": t_launch, "t_fit": t_fit, "phases": phases}, f)
 
 
 def _from(timeline: RunTimeline, t_start: float) -> RunTimeline:

@@ -14,11 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ray_resilience._internal.attempt import AttemptOutcome
+from ray_resilience._internal.attempt import PROCESS_PHASES, AttemptOutcome
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.recorders import RecoveryPhase
 from ray_resilience._internal.supervisor.state import DetectedFault
 from ray_resilience.callbacks import CheckpointSaved, RecoveryDone, StepCompleted
+
+ATTEMPT_SETUP = ("release_groups", "init_process_group")
+"""What a rank does for an attempt before the train function runs."""
 
 
 class Clock:
@@ -63,8 +66,9 @@ class RunRecord:
         """attempt -> the fault it recovers from and how, until its first step completes."""
         self._load_seen: set[int] = set()
         self.phases: list[dict[str, Any]] = []
-        """Every timed phase ranks reported (release_groups, init_process_group, checkpoint_load,
-        and the supervisor's start-up phases)."""
+        """Every timed phase: the supervisor's start-up phases, each new rank process's
+        (process_start, imports, prewarm) and each attempt's (release_groups,
+        init_process_group, checkpoint_load, user phases)."""
         self.loads: list[dict[str, Any]] = []
         """Every checkpoint load a rank reported (attempt, rank, tier, step, seconds)."""
 
@@ -160,8 +164,9 @@ class RunRecord:
     def _observe_phase(self, attempt: int, ev: dict[str, Any]) -> None:
         if ev.get("t_end") is None or ev.get("t_start") is None:
             return
-        untimed = ("release_groups", "init_process_group")
-        if self.timeouts is not None and ev["phase"] not in untimed:
+        if ev["phase"] in PROCESS_PHASES or ev["phase"] in ATTEMPT_SETUP:
+            return  # before the train function: neither a hang timeout nor a step's start
+        if self.timeouts is not None:
             self.timeouts.observe(ev["phase"], ev["t_end"] - ev["t_start"])
         rank = ev.get("rank")
         # Time inside phases is not step time. A load is followed by the attempt's first step,
