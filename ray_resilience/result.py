@@ -38,6 +38,11 @@ class Result:
     control: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Control-plane counters: progress batches and reports received, node agent restarts,
     the metrics log's path and size."""
+    phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Every timed phase ({"phase", "t_start", "t_end", "attempt", "rank"}): the start-up's
+    (placement, start_workers, start_checkpointing), each new rank process's (process_start,
+    imports, prewarm) and each attempt's (release_groups, init_process_group,
+    checkpoint_load, user phases)."""
 
     @property
     def ok(self) -> bool:

@@ -24,7 +24,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 
 from harness.sizes import SIZES  # noqa: E402 - after the path set-up above
-from peers import MECHANISMS  # noqa: E402
+from peers import MECHANISMS, SWEPT  # noqa: E402
 from sweep import machine  # noqa: E402
 from sweep.plans import SCENARIOS  # noqa: E402
 from sweep.recovery import SizeSweep, SweepConfig  # noqa: E402
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated from {', '.join(SCENARIOS)}")
     p.add_argument("--side-sizes", default="tiny",
                    help="sizes that also run the hang and node-loss scenarios")
-    p.add_argument("--mechanisms", default=",".join(MECHANISMS),
+    p.add_argument("--mechanisms", default=",".join(SWEPT),
                    help=f"comma-separated from {', '.join(MECHANISMS)}")
     p.add_argument("--reps", type=int, default=None,
                    help="repetitions of the AWS scenario (default 3; --quick: 1)")

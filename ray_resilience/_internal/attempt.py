@@ -7,6 +7,10 @@ from typing import Any
 
 from ray_resilience.errors import WorkerError
 
+PROCESS_PHASES = ("process_start", "imports", "prewarm")
+"""Phases of a new rank process before its first attempt, reported with that attempt's events:
+boot until the actor's `__init__`, the imports there, the warm-up."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttemptSpec:

@@ -112,6 +112,14 @@ def test_context_and_env_vars(ray_session, tmp_path):
         assert value["env"]["RANK"] == str(rank) and value["env"]["WORLD_SIZE"] == "2"
     envs = [value["env"] for value in result.return_values]
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    # The start-up is timed: the supervisor's steps and each rank process's, in order.
+    timed = {(p["phase"], p["rank"]): p for p in result.phases if p["attempt"] == 0}
+    assert {"placement", "start_workers"} <= {name for name, _ in timed}
+    for rank in (0, 1):
+        boot, imports, warm, pg = (timed[(name, rank)] for name in (
+            "process_start", "imports", "prewarm", "init_process_group"))
+        assert boot["t_start"] <= boot["t_end"] <= imports["t_start"] < imports["t_end"]
+        assert imports["t_end"] <= warm["t_start"] < warm["t_end"] <= pg["t_start"]
 
 
 def test_report_outside_training_is_a_clear_error():

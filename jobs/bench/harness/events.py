@@ -8,7 +8,8 @@ line is written with a single `os.write` on an O_APPEND descriptor, so a SIGKILL
 the line being written, never corrupt an earlier one. All times are `time.time()`: every process
 of every peer runs on this machine, so wall-clock time is the one clock they share.
 
-Event kinds ("ev"): start, pg_ready, load, step, save, commit, detect, done (see `EventLog`).
+Event kinds ("ev"): start, pg_ready, load, step, threads, save, commit, detect, done (see
+`EventLog`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ray_resilience.testing import Fault
+
+from .threads import snapshot
 
 EVENTS_DIR = "events"
 FAULT_LEDGER_FILE = "faults_fired.jsonl"
@@ -85,8 +88,14 @@ class EventLog:
         self.write("load", rank=rank, t_start=t_start, from_step=from_step, tier=tier)
 
     def step(self, rank: int, step: int, loss: float) -> None:
-        """This rank finished step `step` (optimizer step applied)."""
-        self.write("step", rank=rank, step=step, loss=loss)
+        """This rank finished step `step` (optimizer step applied); with the CPU seconds its
+        process and its calling (training) thread had used by then, for per-step CPU cost."""
+        self.write("step", rank=rank, step=step, loss=loss, cpu_s=time.process_time(),
+                   thread_cpu_s=time.thread_time())
+
+    def threads(self, rank: int, step: int) -> None:
+        """Every thread of this rank's process with the CPU it used so far, after `step`."""
+        self.write("threads", rank=rank, step=step, threads=snapshot())
 
     def save(self, rank: int, step: int, blocking_s: float, *, tier: str | None = None,
              part: str | None = None) -> None:

@@ -48,6 +48,8 @@ class Meter:
         self._peak = 0
         self._cpu: dict[int, float] = {}
         self._lock = threading.Lock()
+        self.processes: dict[int, dict] = {}
+        """pid -> {"role": latest `role`, "samples": [[time, CPU seconds, RSS bytes], ...]}."""
 
     def start(self) -> None:
         self._thread.start()
@@ -62,11 +64,16 @@ class Meter:
             try:
                 with proc.oneshot():
                     rss, times = proc.memory_info().rss, proc.cpu_times()
+                    name = role(proc)
             except psutil.Error:
                 continue  # exited meanwhile
             total += rss
+            cpu_s = times.user + times.system
             with self._lock:
-                self._cpu[proc.pid] = max(self._cpu.get(proc.pid, 0.0), times.user + times.system)
+                self._cpu[proc.pid] = max(self._cpu.get(proc.pid, 0.0), cpu_s)
+                entry = self.processes.setdefault(proc.pid, {"role": name, "samples": []})
+                entry["role"] = name if name != "ray::IDLE" else entry["role"]
+                entry["samples"].append([round(time.time(), 3), cpu_s, rss])
         self._peak = max(self._peak, total)
 
     def stop(self) -> Usage:
@@ -78,6 +85,20 @@ class Meter:
             self._cpu[pid] = max(self._cpu.get(pid, 0.0), cpu_s)
         return Usage(peak_rss_bytes=self._peak, cpu_s=sum(self._cpu.values()),
                      num_processes=len(self._cpu))
+
+
+def role(proc: psutil.Process) -> str:
+    """What a process is: Ray's title for its workers ("ray::WorkerActor", "ray::IDLE"), the
+    script or module a Python process runs, else the executable's name."""
+    args = proc.cmdline()
+    if args and args[0].startswith("ray::"):
+        return args[0].split(".", 1)[0].split(" ", 1)[0]
+    for i, arg in enumerate(args[1:], 1):
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.endswith(".py"):
+            return os.path.basename(arg)
+    return proc.name()
 
 
 def _kill_and_reap(me: psutil.Process, timeout_s: float = 30.0) -> dict[int, float]:

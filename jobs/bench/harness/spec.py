@@ -22,6 +22,8 @@ from .sizes import size
 WORKLOAD_FILE = "workload.json"
 #: Where rank 0 leaves the full (unsharded) parameters at the end of a run.
 FINAL_PARAMS_FILE = "final_params.pt"
+#: Where our runner leaves its launch and `fit()` times and our supervisor's timed phases.
+PHASES_FILE = "phases.json"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,8 @@ class Workload:
     """Faults to fire at the start of their step, before its forward pass; each fires once."""
     detect_timeout_s: float = 10.0
     """Hang detection timeout every mechanism gets (see `sizes.Size.detect_timeout_s`)."""
+    snapshot_steps: tuple[int, ...] = ()
+    """Steps after which every rank logs its threads' CPU (`EventLog.threads`)."""
     nodes: int = 0
     """0: one Ray node (or launchers) on this machine; N: a simulated cluster of N worker nodes
     with one rank each (`cluster.py`), where node-loss faults can fire."""
@@ -97,6 +101,7 @@ class Workload:
     def from_json(cls, text: str) -> Workload:
         data = json.loads(text)
         data["fault_plan"] = FaultPlan.from_dict(data["fault_plan"])
+        data["snapshot_steps"] = tuple(data.get("snapshot_steps", ()))
         return cls(**data)
 
     def write(self) -> str:

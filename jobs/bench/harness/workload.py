@@ -115,6 +115,8 @@ def train(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         log.step(rank, step, loss.item())
+        if step in workload.snapshot_steps:
+            log.threads(rank, step)
         if on_step is not None:
             on_step(step)
         _checkpoint(workload, ckpt, log, rank, step, model, optimizer)

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log = EventLog(workload.run_dir, f"rank{rank}-pid{os.getpid()}")
     log.start(rank, _T_PROCESS)
+    log.write("imported", rank=rank)  # the start-up split: imports, then rendezvous
     _init_process_group(rank, world_size, workload.detect_timeout_s)
     on_step, shutdown = _heartbeats() if args.nvrx_heartbeats else (None, None)
     ckpt = TieredCheckpoints(workload, rank, log, local=workload.local_interval > 0)

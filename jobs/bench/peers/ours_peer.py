@@ -5,7 +5,9 @@
   actors and the node-local tier;
 - ours-spare: the same with one warm spare actor (`InJobConfig(num_spares=1)`): one more rank
   slot held idle, charged in infra goodput per slot;
-- ours-all: `InJobConfig(policy="all")`: every rank is replaced (what ft_launcher does).
+- ours-all: `InJobConfig(policy="all")`: every rank is replaced (what ft_launcher does);
+- ours-disabled: `ResilienceConfig.disabled()` and no checkpoints: the same actors and loop
+  with nothing of ours beside them, the fault-free overhead benchmark's floor (no faults).
 
 The train function is the peers' loop written against our public API: `load_checkpoint` once,
 `report(..., checkpoint=CheckpointState)` per step with the RNG state in `extra`. Faults fire
@@ -19,6 +21,7 @@ over 64 MiB) at the interval its measured cost calls for, like every tier of eve
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 from harness.events import EventLog, FaultLedger
 from harness.ray_session import rank_resources, ray_for
-from harness.spec import PeerRun, Workload
+from harness.spec import PHASES_FILE, PeerRun, Workload
 from harness.timeline import align_to_ledger
 from harness.workload import FaultTrigger, Restored, build, restore, write_final_params
 
@@ -37,7 +40,9 @@ from ray_resilience.examples.token_data import TokenDataset
 from ray_resilience.goodput import RunTimeline
 from ray_resilience.testing import FaultKind
 
-VARIANTS = {"default": {}, "spare": {"num_spares": 1}, "all": {"policy": "all"}}
+VARIANTS = {"default": {}, "spare": {"num_spares": 1}, "all": {"policy": "all"},
+            "disabled": None}
+"""Variant -> `InJobConfig` kwargs; None: `ResilienceConfig.disabled()`, no checkpoints."""
 #: Longest silence before an attempt's first step (import, model build, checkpoint load); the
 #: same as ft_launcher's initial heartbeat timeout.
 FIRST_STEP_TIMEOUT_S = 120.0
@@ -53,6 +58,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, int]:
     log = EventLog(workload.run_dir, f"rank{rank}-pid{os.getpid()}-a{ctx.attempt}")
     log.start(rank, t_entry)  # every peer logs its steps too (the node killer reads them)
     model, optimizer = build(workload)
+    log.pg_ready(rank)
     loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
     start = restore(workload, rank, None if loaded is None else Restored(
         step=loaded.step, rng=loaded.extra.get("rng"), tier=loaded.tier))
@@ -69,6 +75,8 @@ def _train_loop(config: dict[str, Any]) -> dict[str, int]:
                                    extra={"data_step": step, "rng": torch.get_rng_state()})
         rr.report({"loss": loss.item()}, step=step, checkpoint=state)
         log.step(rank, step, loss.item())
+        if step in workload.snapshot_steps:
+            log.threads(rank, step)
     write_final_params(workload, model, rank)
     return {"final_step": workload.max_steps}
 
@@ -86,8 +94,13 @@ class OursPeer:
             raise ValueError(f"variant={variant!r} is invalid; use one of {list(VARIANTS)}.")
         self.variant, self.in_job = variant, VARIANTS[variant]
         self.name = "ours" if variant == "default" else f"ours-{variant}"
-        self.num_spares = self.in_job.get("num_spares", 0)
+        self.num_spares = (self.in_job or {}).get("num_spares", 0)
         self.timeout_s = timeout_s  # enforced by the supervisor's own timeouts
+        if self.in_job is None:
+            self.supported_kinds = frozenset()
+            self.uses_durable = self.local_tier = False
+            self.config = "ResilienceConfig.disabled: no restarts, no checkpoints"
+            return
         self.config = ("ResilienceConfig.default: in-process restart, respawn "
                        f"{self.in_job.get('policy', 'replace-failed')}"
                        + (f", {self.num_spares} warm spare" if self.num_spares else "")
@@ -104,8 +117,10 @@ class OursPeer:
                              "benchmark's ledger"])
         t_start = time.time()
         with ray_for(workload, num_cpus=workload.world_size + self.num_spares + 1) as call:
+            t_fit = time.time()
             trainer = self._trainer(workload)
             result = call(lambda: trainer.fit(raise_on_failure=False))  # a failure is data here
+        _write_phases(workload.run_dir, t_start, t_fit, result.phases)
         report = getattr(result, "goodput", None)
         timeline = getattr(report, "timeline", None)
         if timeline is not None:
@@ -120,10 +135,14 @@ class OursPeer:
         return run
 
     def _trainer(self, workload: Workload) -> Any:
-        checkpoint = CheckpointConfig(
-            interval_steps=workload.checkpoint_interval,
-            local_interval_steps=workload.local_interval, local_dir=workload.local_root,
-            local_max_bytes=None)
+        timeouts = {"step_timeout_s": workload.detect_timeout_s,
+                    "first_step_timeout_s": FIRST_STEP_TIMEOUT_S}
+        if self.in_job is None:
+            resilience = rr.ResilienceConfig.disabled(**timeouts)
+        else:
+            resilience = rr.ResilienceConfig.default(
+                checkpoint=self._checkpoint_config(workload),
+                in_job=rr.InJobConfig(**self.in_job), **timeouts)
         return rr.ResilientTrainer(
             _train_loop,
             train_loop_config={"workload": workload.to_json()},
@@ -133,11 +152,21 @@ class OursPeer:
             run_config=rr.RunConfig(name=f"{self.name}-{int(time.time())}",
                                     storage_path=os.path.join(workload.run_dir, "storage"),
                                     verbose=False),
-            resilience=rr.ResilienceConfig.default(
-                checkpoint=checkpoint, in_job=rr.InJobConfig(**self.in_job),
-                step_timeout_s=workload.detect_timeout_s,
-                first_step_timeout_s=FIRST_STEP_TIMEOUT_S),
+            resilience=resilience,
         )
+
+    @staticmethod
+    def _checkpoint_config(workload: Workload) -> CheckpointConfig:
+        return CheckpointConfig(
+            interval_steps=workload.checkpoint_interval,
+            local_interval_steps=workload.local_interval, local_dir=workload.local_root,
+            local_max_bytes=None)
+
+
+def _write_phases(run_dir: str, t_launch: float, t_fit: float, phases: list) -> None:
+    """When the run was launched and `fit()` called, and the phases our supervisor timed."""
+    with open(os.path.join(run_dir, PHASES_FILE), "w", encoding="utf-8") as f:
+        json.dump({"t_launch": t_launch, "t_fit": t_fit, "phases": phases}, f)
 
 
 def _from(timeline: RunTimeline, t_start: float) -> RunTimeline:

@@ -8,23 +8,28 @@ import subprocess
 import sys
 from typing import Any
 
-from harness.launcher import with_bench_paths
+from harness.launcher import BENCH_PATHS
 from harness.spec import Workload
 
 #: Time a runner gets beyond the run's own deadline (imports, teardown, reaping).
 RUNNER_SLACK_S = 120.0
 
 
-def run_isolated(mechanism: str, workload: Workload, *, timeout_s: float) -> dict[str, Any]:
+def run_isolated(mechanism: str, workload: Workload, *, timeout_s: float,
+                 paths: list[str] | None = None) -> dict[str, Any]:
     """Run `mechanism` on `workload` in a runner process; the runner's result dict (a failed
-    one if the runner itself died). Output goes to `<run_dir>/runner.log`."""
+    one if the runner itself died). Output goes to `<run_dir>/runner.log`. `paths`: the
+    PYTHONPATH entries to put first (another checkout's `jobs/bench` and root; default this
+    one's)."""
     os.makedirs(workload.run_dir, exist_ok=True)
     request = os.path.join(workload.run_dir, "request.json")
     result = os.path.join(workload.run_dir, "result.json")
     with open(request, "w", encoding="utf-8") as f:
         json.dump({"mechanism": mechanism, "workload": workload.to_json(),
                    "timeout_s": timeout_s}, f)
-    env = {**os.environ, "PYTHONPATH": with_bench_paths(os.environ.get("PYTHONPATH", ""))}
+    first = paths or BENCH_PATHS
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in first]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, *rest])}
     with open(os.path.join(workload.run_dir, "runner.log"), "w", encoding="utf-8") as log:
         try:
             code = subprocess.run([sys.executable, "-m", "sweep.runner", request, result],

@@ -21,6 +21,9 @@ from harness.resources import Meter, become_subreaper
 from harness.spec import PeerRun, Workload
 from peers import make_peer
 
+#: Every process the run started, its role and its CPU and memory over time (`Meter`).
+PROCESSES_FILE = "processes.json"
+
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
     workload = Workload.from_json(request["workload"])
@@ -36,6 +39,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         run = PeerRun(mechanism=peer.name, status="failed", error=f"{type(exc).__name__}: {exc}",
                       run_dir=workload.run_dir)
     usage = meter.stop()
+    with open(os.path.join(workload.run_dir, PROCESSES_FILE), "w", encoding="utf-8") as f:
+        json.dump(meter.processes, f)
     if workload.local_root:
         shutil.rmtree(workload.local_root, ignore_errors=True)
     return {"mechanism": run.mechanism, "status": run.status, "error": run.error,

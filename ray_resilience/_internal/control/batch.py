@@ -15,6 +15,8 @@ import json
 import threading
 from typing import Any
 
+from ray_resilience._internal.attempt import PROCESS_PHASES
+
 UNTIMED_PHASES = ("release_groups", "init_process_group")
 """Phases whose length depends on peers and restarts, not on the workload: never learned."""
 
@@ -123,8 +125,9 @@ class ProgressFolder:
     def _observe_phase(self, attempt: int, ev: dict[str, Any]) -> None:
         if ev.get("t_end") is None or ev.get("t_start") is None:
             return
-        if ev["phase"] not in UNTIMED_PHASES:
-            self._interval(ev["phase"], ev["t_end"] - ev["t_start"])
+        if ev["phase"] in PROCESS_PHASES or ev["phase"] in UNTIMED_PHASES:
+            return  # before the train function: neither a hang timeout nor a step's start
+        self._interval(ev["phase"], ev["t_end"] - ev["t_start"])
         rank = ev.get("rank")
         # Time inside phases is not step time. A load is followed by the attempt's first step,
         # which has a timeout of its own: it starts no step interval.

@@ -11,10 +11,23 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.errors_capture import describe_startup
+
+
+def process_started_at() -> float | None:
+    """When this process was created (epoch seconds, 10 ms resolution; None off Linux)."""
+    try:
+        with open("/proc/self/stat", encoding="utf-8") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="utf-8") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 class WorkerActor:
@@ -22,6 +35,7 @@ class WorkerActor:
 
     def __init__(self, train_fn: bytes, train_config: dict[str, Any] | None,
                  supervisor: Any) -> None:
+        t_init = time.time()
         # Wait for a background pre-import: never two threads in the same imports.
         self._preimport_wait_s = preimport.claim()
         self._worker: Any = None
@@ -35,6 +49,7 @@ class WorkerActor:
         except Exception as exc:  # noqa: BLE001 - reported through info(): the user's error
             self._startup_error = describe_startup(exc)
             return
+        self._worker.note_startup(process_started_at(), t_init, time.time())
         if threading.current_thread() is threading.main_thread():  # signal handlers live there
             signal.signal(signal.SIGTERM, self._on_sigterm)
 

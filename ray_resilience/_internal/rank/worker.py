@@ -98,7 +98,15 @@ class Worker:
         self._checkpointer: Any = None
         self._session: _Session | None = None
         """The running attempt's session (`stop_at` reaches into it)."""
+        self._startup: list[dict[str, Any]] = []
+        """This process's start-up phases, reported with the next attempt it runs."""
 
+    def note_startup(self, t_process: float | None, t_init: float, t_imported: float) -> None:
+        """Start-up phases: process boot (to the actor's `__init__`) and the imports after."""
+        if t_process is not None and t_process <= t_init:
+            self._startup.append({"phase": "process_start", "t_start": t_process,
+                                  "t_end": t_init})
+        self._startup.append({"phase": "imports", "t_start": t_init, "t_end": t_imported})
 
     def on_sigterm(self) -> bool:
         """This process got SIGTERM: while an attempt runs, the supervisor hears of it and every
@@ -133,11 +141,13 @@ class Worker:
 
             import ray_resilience._internal.checkpoint.rank.rank_checkpointer  # noqa: F401, PLC0415 - the warm-up's imports
 
+            t0 = time.time()
             # Freeze import-time objects so no gc pass walks them; again after the warm-up.
             freeze_startup_objects(collect=False)
             _warm_fsdp(self.free_port())
             freeze_startup_objects(collect=False)
             self._frozen = True
+            self._startup.append({"phase": "prewarm", "t_start": t0, "t_end": time.time()})
 
     def health(self) -> str | None:
         """None when this rank may keep its process for the next attempt, else the reason."""
@@ -193,11 +203,14 @@ class Worker:
             self._wait_released()
             with session.lock:  # the forwarder drains events meanwhile
                 session.events.append({"phase": "release_groups", "t_start": t0,
-                                       "t_end": time.time()})
+                                       "t_end": time.time(), "rank": spec.rank})
             with self._setup_lock:
                 if not self._frozen:  # imports are done: keep them out of every later gc pass
                     freeze_startup_objects()
                     self._frozen = True
+                startup, self._startup = self._startup, []
+            with session.lock:
+                session.events.extend({**e, "rank": spec.rank} for e in startup)
             self._attempt = spec.attempt
             self._uses_gpu = spec.use_gpu
             self._in_rendezvous = False
@@ -321,7 +334,7 @@ class Worker:
         self._in_rendezvous = False
         with session.lock:
             session.events.append({"phase": "init_process_group", "t_start": t0,
-                                   "t_end": time.time()})
+                                   "t_end": time.time(), "rank": spec.rank})
 
     def _fault_hook(self, spec: AttemptSpec) -> Callable[[str, int | None], None] | None:
         """Fires this rank's injected faults at their phase and step, each once (init and

@@ -36,6 +36,7 @@ class RunOutcome:
     goodput: GoodputReport | None = None
     timeouts: dict[str, Any] | None = None
     checkpoint: dict[str, Any] | None = None
+    phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     callback_failures: dict[str, int] = dataclasses.field(default_factory=dict)
     """Hook calls that raised, by "CallbackClass.hook" (each logged in the supervisor)."""
 
@@ -54,4 +55,4 @@ class RunOutcome:
             error=self.error, state=self.state, attempts=self.attempts, faults=self.faults,
             return_values=[None if v is None else loads(v) for v in self.return_values],
             worker_pids=self.worker_pids, wall_s=self.wall_s, goodput=self.goodput,
-            timeouts=self.timeouts, checkpoint=self.checkpoint)
+            timeouts=self.timeouts, checkpoint=self.checkpoint, phases=self.phases)

@@ -78,8 +78,9 @@ class RunRecord:
         """attempt -> the fault it recovers from and how, until its first step completes."""
         self._load_seen: set[int] = set()
         self.phases: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PHASES_KEPT)
-        """The newest timed phases ranks reported (release_groups, init_process_group,
-        checkpoint_load, and the supervisor's start-up phases)."""
+        """The newest timed phases: the supervisor's start-up phases, each new rank process's
+        (process_start, imports, prewarm) and each attempt's (release_groups,
+        init_process_group, checkpoint_load, user phases)."""
         self.loads: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PHASES_KEPT)
         """The newest checkpoint loads ranks reported (attempt, rank, tier, step, seconds)."""
 

@@ -461,6 +461,7 @@ class Supervisor:
             return_values=[self.record.returns.get(r) for r in range(self.record.world_size)],
             worker_pids=self._pids, wall_s=self._t_end - self._t_start, goodput=goodput,
             timeouts=self._timeouts.snapshot(), checkpoint=self._checkpoints.summary(),
+            phases=list(self.record.phases),
             callback_failures=self._dispatcher.failures())
 
     def _control_summary(self) -> dict[str, Any]:

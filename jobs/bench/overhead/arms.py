@@ -1,0 +1,73 @@
+"""What the fault-free overhead benchmark runs: arms (a mechanism, from this checkout or another)
+and the per-size run lengths and checkpoint intervals.
+
+- torchrun: the loop under `torchrun`, no checkpoints: what a user compares against;
+- ours-disabled: `ResilienceConfig.disabled()`, no checkpoints: Ray actors and our rank
+  machinery with nothing recovering;
+- ours: `ResilienceConfig.default()` with committed checkpoints every `durable_every` steps and
+  the local tier where the library's defaults keep it (every step up to 64 MiB per rank).
+An arm `NAME@LABEL` runs mechanism NAME from the checkout given as `LABEL=PATH`: the same
+harness, another version of the library (before/after a change).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from harness.launcher import BENCH_PATHS
+from harness.spec import Workload
+
+CHECKPOINTING = ("ours",)
+"""Mechanisms the benchmark runs with checkpoints; every other arm runs without."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Setting:
+    """Run length and intervals at one size."""
+
+    steps: int
+    warmup: int
+    """Steps left out of the statistics (first steps: allocator and caches warming up)."""
+    durable_every: int
+    local_every: int
+
+
+SETTINGS = {
+    "tiny": Setting(steps=150, warmup=10, durable_every=10, local_every=1),
+    "200mb": Setting(steps=40, warmup=5, durable_every=10, local_every=0),
+    "1gb": Setting(steps=16, warmup=4, durable_every=8, local_every=0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    name: str
+    """As given: `mechanism` or `mechanism@label`."""
+    mechanism: str
+    checkout: str | None
+    """Root of the checkout whose code runs; None: this one."""
+
+    @property
+    def paths(self) -> list[str]:
+        """PYTHONPATH entries that make the runner import this arm's code."""
+        if self.checkout is None:
+            return list(BENCH_PATHS)
+        return [os.path.join(self.checkout, "jobs", "bench"), self.checkout]
+
+    def workload(self, base: Workload, setting: Setting) -> Workload:
+        if self.mechanism not in CHECKPOINTING:
+            return base.with_(checkpoint_interval=0, local_interval=0)
+        return base.with_(checkpoint_interval=setting.durable_every,
+                          local_interval=setting.local_every)
+
+
+def parse_arms(names: list[str], checkouts: dict[str, str]) -> list[Arm]:
+    """Arms from `mechanism[@label]` names; raises ValueError for an unknown label."""
+    arms = []
+    for name in names:
+        mechanism, _, label = name.partition("@")
+        if label and label not in checkouts:
+            raise ValueError(f"arm {name!r}: no --checkout {label}=PATH given")
+        arms.append(Arm(name, mechanism, os.path.abspath(checkouts[label]) if label else None))
+    return arms

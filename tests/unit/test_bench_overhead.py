@@ -1,0 +1,166 @@
+"""The overhead benchmark's arithmetic on synthetic step logs: per-step wall and CPU time from
+consecutive step events, warm-up left out, re-run steps counted once, arms parsed with their
+checkouts, per-repetition ratios."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "jobs", "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+from harness.events import write_events  # noqa: E402
+from harness.spec import PHASES_FILE  # noqa: E402
+from harness.threads import snapshot  # noqa: E402
+from overhead.ab import _paired  # noqa: E402
+from overhead.accounting import account  # noqa: E402
+from overhead.arms import parse_arms  # noqa: E402
+from overhead.startup import split  # noqa: E402
+from overhead.steps import run_costs  # noqa: E402
+from sweep.runner import PROCESSES_FILE  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _steps(rank: int, n: int, *, wall: float, thread: float, process: float) -> list[dict]:
+    return [{"ev": "step", "rank": rank, "step": s, "t": 100.0 + s * wall,
+             "thread_cpu_s": s * thread, "cpu_s": s * process, "loss": 1.0}
+            for s in range(1, n + 1)]
+
+
+def test_costs_are_per_step_differences_after_the_warmup(tmp_path) -> None:
+    run = str(tmp_path)
+    slow_start = _steps(0, 20, wall=0.1, thread=0.05, process=0.06)
+    slow_start[0]["t"] -= 5.0  # step 1 took long: inside the warm-up, not counted
+    write_events(run, "rank0", slow_start)
+    write_events(run, "rank1", _steps(1, 20, wall=0.1, thread=0.03, process=0.05))
+    costs = run_costs(run, warmup=2)
+    assert costs["wall_median_s"] == pytest.approx(0.1)
+    assert costs["wall_mean_s"] == pytest.approx(0.1)
+    assert costs["thread_cpu_median_s"] == pytest.approx(0.04)  # the mean of the ranks'
+    assert costs["process_cpu_median_s"] == pytest.approx(0.055)
+    assert costs["per_rank"]["0"]["steps"] == 17  # steps 3..20: 17 intervals
+
+
+def test_a_step_logged_twice_counts_once_and_gaps_are_skipped(tmp_path) -> None:
+    run = str(tmp_path)
+    events = _steps(0, 10, wall=0.1, thread=0.05, process=0.05)
+    events = [e for e in events if e["step"] != 6]  # a gap: 5 -> 7 is no step interval
+    events.append({**events[-1], "t": events[-1]["t"] + 0.1})  # step 10 again, later
+    write_events(run, "rank0", events)
+    costs = run_costs(run, warmup=0)
+    assert costs["per_rank"]["0"]["steps"] == 7
+    assert costs["wall_mean_s"] == pytest.approx((0.1 * 6 + 0.2) / 7)
+
+
+def test_no_steps_means_no_costs(tmp_path) -> None:
+    assert run_costs(str(tmp_path), warmup=0) is None
+
+
+def test_arms_name_their_checkout() -> None:
+    arms = parse_arms(["torchrun", "ours@before"], {"before": "/tmp/x"})
+    assert [a.mechanism for a in arms] == ["torchrun", "ours"]
+    assert arms[0].checkout is None and arms[1].paths == ["/tmp/x/jobs/bench", "/tmp/x"]
+    with pytest.raises(ValueError, match="--checkout after=PATH"):
+        parse_arms(["ours@after"], {})
+
+
+def test_paired_ratios_are_taken_within_each_repetition() -> None:
+    arms = parse_arms(["a", "b"], {})
+    kinds = {"wall_median_s": 1.0, "wall_mean_s": 1.0, "thread_cpu_median_s": 1.0,
+             "thread_cpu_mean_s": 1.0, "process_cpu_median_s": 1.0, "process_cpu_mean_s": 1.0}
+    runs = [{"arm": "a", "rep": 0, "costs": {**kinds, "wall_median_s": 1.1}},
+            {"arm": "b", "rep": 0, "costs": kinds},
+            {"arm": "a", "rep": 1, "costs": {**kinds, "wall_median_s": 2.2}},
+            {"arm": "b", "rep": 1, "costs": {**kinds, "wall_median_s": 2.0}},
+            {"arm": "a", "rep": 2, "costs": None}]
+    wall = _paired(arms, runs)["a vs b"]["wall_median_s"]
+    assert wall["median"] == pytest.approx(0.1) and wall["n"] == 2
+
+
+def test_accounting_charges_the_window_between_two_thread_snapshots(tmp_path) -> None:
+    run = str(tmp_path)
+
+    def threads(step: int, t: float, train_cpu: float, progress_cpu: float) -> dict:
+        return {"ev": "threads", "rank": 0, "step": step, "t": t, "threads": [
+            {"tid": 1, "name": "rr-train-r0-a0", "python": True, "cpu_s": train_cpu, "nice": 0,
+             "voluntary": 10 * step, "involuntary": step},
+            {"tid": 2, "name": "rr-progress-r0-a0", "python": True, "cpu_s": progress_cpu,
+             "nice": 0, "voluntary": step, "involuntary": 0},
+            {"tid": 3, "name": "gloo_tcp_loop", "python": False, "cpu_s": 0.5, "nice": 0,
+             "voluntary": 0, "involuntary": 0}]}
+
+    write_events(run, "rank0", [threads(10, 100.0, 1.0, 0.1), threads(30, 102.0, 2.0, 0.14)])
+    samples = {"7": {"role": "raylet", "samples": [[99.0, 5.0, 100], [101.0, 5.2, 300],
+                                                   [102.0, 5.4, 200], [103.0, 9.0, 900]]},
+               "8": {"role": "ray::WorkerActor", "samples": [[101.5, 0.3, 50]]},
+               "9": {"role": "gone", "samples": [[50.0, 1.0, 10]]}}
+    with open(tmp_path / PROCESSES_FILE, "w") as f:
+        json.dump(samples, f)
+    found = account(run)
+    assert found["steps"] == 20 and found["window_s"] == pytest.approx(2.0)
+    raylet = found["processes"]["raylet"]
+    assert raylet["cpu_s"] == pytest.approx(0.4) and raylet["rss_bytes"] == 300
+    assert raylet["cpu_per_step_s"] == pytest.approx(0.02)
+    assert raylet["core_share"] == pytest.approx(0.2)
+    assert found["processes"]["ray::WorkerActor"]["cpu_s"] == pytest.approx(0.3)  # born inside
+    assert "gone" not in found["processes"]
+    train = found["rank_threads"]["rr-train"]
+    assert train["cpu_per_step_s"] == pytest.approx(0.05)
+    assert train["switches_per_step"] == pytest.approx(11.0) and train["nice"] == [0]
+    assert list(found["rank_threads"]) == ["rr-train", "rr-progress", "gloo_tcp_loop"]
+
+
+def test_thread_snapshot_names_python_threads_and_counts_cpu() -> None:
+    done = threading.Event()
+    worker = threading.Thread(target=done.wait, name="bench-test-thread")
+    worker.start()
+    try:
+        rows = {t["name"]: t for t in snapshot()}
+    finally:
+        done.set()
+        worker.join()
+    assert rows["bench-test-thread"]["python"] and rows["MainThread"]["cpu_s"] > 0
+
+
+def test_startup_split_follows_the_last_rank_through_ours_phases(tmp_path) -> None:
+    run = str(tmp_path)
+    phases = [{"phase": "placement", "t_start": 13.0, "t_end": 14.0, "attempt": 0, "rank": None}]
+    for rank, (boot, imported, warm) in enumerate([(15.0, 17.0, 18.0), (15.5, 17.5, 18.5)]):
+        phases += [{"phase": "process_start", "t_start": 14.2, "t_end": boot, "rank": rank},
+                   {"phase": "imports", "t_start": boot, "t_end": imported, "rank": rank},
+                   {"phase": "prewarm", "t_start": imported, "t_end": warm, "rank": rank}]
+    phases = [{**p, "attempt": 0} for p in phases]
+    phases.append({"phase": "prewarm", "t_start": 40.0, "t_end": 41.0, "attempt": 1, "rank": 1})
+    with open(tmp_path / PHASES_FILE, "w") as f:
+        json.dump({"t_launch": 10.0, "t_fit": 12.0, "phases": phases}, f)
+    write_events(run, "rank0", [{"ev": "pg_ready", "rank": 0, "t": 19.0},
+                                {"ev": "step", "rank": 0, "step": 1, "t": 20.0},
+                                {"ev": "step", "rank": 0, "step": 2, "t": 20.1}])
+    write_events(run, "rank1", [{"ev": "pg_ready", "rank": 1, "t": 19.2}])
+    got = split(run, 10.0)
+    assert got == pytest.approx({
+        "runtime": 2.0, "launcher": 2.0, "boot": 1.5, "imports": 2.0, "prewarm": 1.0,
+        "rendezvous + build": 0.7, "load": 0.0, "first step": 0.8, "total": 10.0})
+
+
+def test_startup_split_of_a_launcher_run_has_no_runtime_boot_or_prewarm(tmp_path) -> None:
+    run = str(tmp_path)
+    for rank in (0, 1):
+        write_events(run, f"rank{rank}", [
+            {"ev": "start", "rank": rank, "pid": 100 + rank, "t": 11.0 + rank},
+            {"ev": "imported", "rank": rank, "t": 14.0},
+            {"ev": "pg_ready", "rank": rank, "t": 15.0},
+            {"ev": "load", "rank": rank, "t": 15.5, "t_start": 15.0, "from_step": 0},
+            {"ev": "step", "rank": rank, "step": 1, "t": 16.0}])
+    got = split(run, 10.0)
+    assert got == pytest.approx({
+        "runtime": 0.0, "launcher": 2.0, "boot": 0.0, "imports": 2.0, "prewarm": 0.0,
+        "rendezvous + build": 1.0, "load": 0.5, "first step": 0.5, "total": 6.0})
