@@ -67,19 +67,27 @@ class _Session:
         self.checkpoint_blocking_s: list[tuple[int, float, str | None, float]] = []
         """(step, blocking seconds, tier, when the save returned): stamped with its own time so
         the timeline charges it to the step interval it happened in."""
-        self.open_save: tuple[int, float, float] | None = None
-        """The newest save, recorded once the optimizer step after it ran (its wait blocks too)."""
+        self.open_save: tuple[int, float, float, str | None] | None = None
+        """The newest save or local snapshot (step, blocking, when, tier), recorded once the
+        optimizer step after it ran (its wait for the copy blocks too)."""
         self.events: list[dict[str, Any]] = []
 
     def close_save(self) -> None:
         """Records the open save with the optimizer-step wait that followed it."""
         if self.open_save is None:
             return
-        step, blocked, t_saved = self.open_save
+        step, blocked, t_saved, tier = self.open_save
         waited = self.checkpointer.take_guard_wait_s() if self.checkpointer is not None else 0.0
         with self.lock:
-            self.checkpoint_blocking_s.append((step, blocked + waited, None, t_saved))
+            self.checkpoint_blocking_s.append((step, blocked + waited, tier, t_saved))
             self.open_save = None
+
+    def add_checkpointer_events(self) -> None:
+        """The local tier's decisions (its interval) go to the supervisor with the events."""
+        events = self.checkpointer.take_events() if self.checkpointer is not None else []
+        if events:
+            with self.lock:
+                self.events.extend(events)
 
     def drain(self, *, final: bool = False
               ) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
@@ -131,14 +139,13 @@ def report(metrics: dict[str, Any], *, step: int,
             int(step), model=checkpoint.model, optimizer=checkpoint.optimizer,
             extra=checkpoint.extra)
         t_saved = time.time()
+        for local_step, local_blocked in session.checkpointer.take_local_blocking():
+            session.open_save = (local_step, local_blocked, t_saved, "local")
         if blocked is not None:
-            session.open_save = (int(step), blocked, t_saved)
+            session.open_save = (int(step), blocked, t_saved, None)
             if session.faults is not None:
                 session.faults("checkpoint_save", int(step))
-        local = session.checkpointer.take_local_blocking()
-        if local:
-            with session.lock:
-                session.checkpoint_blocking_s.extend((s, b, "local", t_saved) for s, b in local)
+        session.add_checkpointer_events()
     with session.lock:
         session.pending.append(record)
         session.step, session.step_time = int(step), now
@@ -155,6 +162,7 @@ def load_checkpoint(*, model: torch.nn.Module,
         return None
     t0 = time.time()
     loaded = session.checkpointer.load(model=model, optimizer=optimizer)
+    session.add_checkpointer_events()
     with session.lock:
         session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
                                "rank": session.context.world_rank,

@@ -67,6 +67,8 @@ class RunRecord:
         and the supervisor's start-up phases)."""
         self.loads: list[dict[str, Any]] = []
         """Every checkpoint load a rank reported (attempt, rank, tier, step, seconds)."""
+        self.local_tier: list[dict[str, Any]] = []
+        """Every local-tier interval decision a rank reported (`LocalSchedule`)."""
 
     # --- rank statuses ------------------------------------------------------------------------
 
@@ -140,6 +142,9 @@ class RunRecord:
             for ev in events:
                 if ev.get("phase") == "in_phase":
                     continue  # "still inside a phase": the supervisor's status, not a record
+                if ev.get("phase") == "local_tier":
+                    self.local_tier.append({**ev, "attempt": attempt})
+                    continue
                 self.phases.append({**ev, "attempt": attempt})
                 self._observe_phase(attempt, ev)
                 if ev.get("phase") != "checkpoint_load":
