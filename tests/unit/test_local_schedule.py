@@ -59,7 +59,7 @@ def test_auto_probes_then_picks_the_shortest_interval_within_the_budget(monkeypa
     written = _probe(schedule, clock, step_s=0.5, cost_s=0.12, steps=40)
     want = math.ceil(0.12 / (0.01 * 0.5))  # 24 steps
     assert schedule.interval == want
-    assert written == [1, 3, 24]  # the probe's two writes, then every 24th step
+    assert written == [1, 3, 8, 32]  # the probe's three writes, then every 24th step
     event, = schedule.take_events()
     assert (event["interval_steps"], event["mode"], event["decided_at_step"]) == (want, "auto", 8)
     assert event["cost_s"] == pytest.approx(0.12) and event["step_s"] == pytest.approx(0.5)
@@ -81,9 +81,11 @@ def test_a_new_attempt_reuses_what_was_measured_and_a_fixed_interval_is_kept(mon
     schedule.take_events()
     schedule.begin_attempt(ONE_RANK, resumed=9)
     assert schedule.interval == 5 and schedule.take_events()[0]["decided_at_step"] == 9
+    assert [s for s in range(9, 20) if schedule.is_local_step(s)] == [14, 19]
     fresh = LocalSchedule(CheckpointConfig(), rank=0)
     fresh.begin_attempt(ONE_RANK, resumed=9)  # nothing measured (a respawned process)
-    assert fresh.interval is None and fresh.is_local_step(10) and not fresh.is_local_step(11)
+    assert fresh.interval is None
+    assert [s for s in range(10, 18) if fresh.is_local_step(s)] == [10, 12, 17]
     fixed = LocalSchedule(CheckpointConfig(local_interval_steps=3), rank=0)
     fixed.begin_attempt(ONE_RANK, resumed=None)
     assert fixed.interval == 3 and [s for s in range(1, 10) if fixed.is_local_step(s)] == [3, 6, 9]

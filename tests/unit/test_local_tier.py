@@ -102,7 +102,7 @@ def test_restores_the_newest_step_bit_for_bit_and_alternates_files(tmp_path):
     expected = {}
     for step in (1, 2, 3):
         _step(model, optimizer, step + 10)
-        assert _save(store, step, "s1", model, optimizer, encode_extra({"step": step}))
+        assert _save(store, step, "s1", model, optimizer, encode_extra({"step": step}), cache)
         expected[step] = _state(model, optimizer)
     assert sorted(store.available(None)) == [("s1", 2), ("s1", 3)]  # two files, newest two steps
     _step(model, optimizer, 99)  # training moves on after the snapshot: must not reach it
@@ -121,7 +121,7 @@ def test_a_torn_file_is_never_offered_and_the_other_step_is(tmp_path):
     store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
     for step in (1, 2):
         _step(model, optimizer, step)
-        _save(store, step, "s", model, optimizer, b"")
+        _save(store, step, "s", model, optimizer, b"", cache)
     at_1 = _state(model, optimizer)  # step 2's values; step 1's file gets torn below
     # What a SIGKILL in the middle of writing step 3 leaves: the header marked "writing".
     path = tmp_path / "rank0.0"
@@ -155,10 +155,10 @@ def test_keep_only_invalidates_the_abandoned_timeline(tmp_path):
     model, optimizer = _trained()
     store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
     for step in (4, 5):
-        _save(store, step, "old", model, optimizer, b"")
+        _save(store, step, "old", model, optimizer, b"", cache)
     store.keep_only("old", 4)
     assert store.available(None) == [("old", 4)]
-    _save(store, 5, "new", model, optimizer, b"")  # takes the freed file
+    _save(store, 5, "new", model, optimizer, b"", cache)  # takes the freed file
     assert sorted(store.available(None)) == [("new", 5), ("old", 4)]
     store.keep_only(None, None)
     assert store.available(None) == []
@@ -250,7 +250,7 @@ def test_a_write_cut_short_leaves_its_file_marked_incomplete(tmp_path, monkeypat
     model, optimizer = _trained()
     store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
     for step in (1, 2):
-        _save(store, step, "s", model, optimizer, b"")
+        _save(store, step, "s", model, optimizer, b"", cache)
     real = local_tier._write_all
 
     def half_then_killed(fd, buffers, offset):
@@ -259,7 +259,7 @@ def test_a_write_cut_short_leaves_its_file_marked_incomplete(tmp_path, monkeypat
 
     monkeypatch.setattr(local_tier, "_write_all", half_then_killed)
     with pytest.raises(_Killed):
-        _save(store, 3, "s", model, optimizer, b"")  # overwrites step 1's file
+        _save(store, 3, "s", model, optimizer, b"", cache)  # overwrites step 1's file
     assert store.available(None) == [("s", 2)]  # not step 1's old header over half of step 3
 
 

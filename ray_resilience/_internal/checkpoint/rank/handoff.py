@@ -177,8 +177,16 @@ class HandoffPipeline:
         return self.pool.busy() or self.writing is not None or bool(self._rounds)
 
     def wait_local_idle(self, timeout_s: float) -> bool:
-        """Waits until every local-tier write staged so far is on file (or given up)."""
-        return self.local is None or self.local.wait_idle(timeout_s)
+        """Waits until every local snapshot staged so far is on file (or dropped); False on
+        timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while any(s.local is not None for s in self.pool.slots) and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
 
     def wait_idle(self, timeout_s: float | None, *, why: str) -> bool:
         """Waits until nothing is staged, voted on or being written; warns periodically."""

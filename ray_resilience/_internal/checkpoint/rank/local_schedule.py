@@ -3,9 +3,11 @@ interval whose measured cost stays within `local_overhead_budget` of step time.
 
 Every rank must write the same steps (a restore needs a step every rank holds), so the interval
 is agreed: at `load` from what the ranks measured in earlier attempts, else after a probe of
-`LOCAL_PROBE_STEPS` steps (local writes at its 1st and 3rd step) with one small collective at
-the same step on every rank. A write's cost is the training thread's wait for it, plus on CPU
-ranks the CPU time of its background copy, checksum and write (they share the cores).
+`LOCAL_PROBE_STEPS` steps (local writes at its 1st, 3rd and last step) with one small collective
+at the same step on every rank. Writes then follow every `interval` steps from the step of the
+decision, so a fault after it redoes at most `interval` steps. A write's cost is the training
+thread's wait for it, plus on CPU ranks the CPU time of its background copy, checksum and write
+(they share the cores).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from ray_resilience._internal.constants import (
 from ray_resilience.checkpoint.config import AUTO, CheckpointConfig
 
 PROBE_WRITES = (1, 3)
-"""Steps of the probe (counted from the attempt's start) that write the local tier: the first
-pays one-time allocations, the second is what later writes cost."""
+"""Steps of the probe (counted from the attempt's start) that write the local tier besides its
+last: the first pays one-time allocations, the others are what later writes cost."""
 
 
 @dataclasses.dataclass
@@ -52,6 +54,8 @@ class LocalSchedule:
         self.state_bytes: int | None = None
         self._probe_steps = int(env_float(LOCAL_PROBE_STEPS_ENV_VAR, DEFAULT_LOCAL_PROBE_STEPS))
         self._start: int | None = None
+        self._anchor = 0
+        """Writes fall on `anchor + k * interval` (the step the interval was decided at)."""
         self._lock = threading.Lock()
         self._writes: dict[int, _Write] = {}
         self._step_s: collections.deque[float] = collections.deque(maxlen=64)
@@ -78,10 +82,12 @@ class LocalSchedule:
 
     def is_local_step(self, step: int) -> bool:
         if self.interval is not None:
-            return self.interval > 0 and step % self.interval == 0
+            return self.interval > 0 and step > self._anchor \
+                and (step - self._anchor) % self.interval == 0
         if self._start is None:
             self._start = step - 1
-        return step - self._start in PROBE_WRITES and self.off is None
+        into = step - self._start
+        return (into in PROBE_WRITES or into == self._probe_steps) and self.off is None
 
     def after_step(self, step: int, *, staged: bool, agreement: Any, wait_idle: Any) -> None:
         """Records the step's wall time; at the end of a probe, agrees on the interval."""
@@ -134,8 +140,7 @@ class LocalSchedule:
         return max(1, math.ceil(cost / (self.budget * step_s)))
 
     def _decide(self, interval: int, step: int | None, *, off: str | None = None) -> None:
-        self.interval = interval
-        self.off = off
+        self.interval, self.off, self._anchor = interval, off, step or 0
         self._events.append({
             "phase": "local_tier", "t_start": time.time(), "t_end": time.time(),
             "rank": self.rank, "interval_steps": interval,

@@ -52,17 +52,6 @@ class LocalWriter:
         """Caller holds the lock."""
         return bool(self._queue or self._gpu or self._writing is not None)
 
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Waits until every queued write is over; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self.busy() and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
-
     def close(self) -> None:
         with self._cond:
             self._closed = True
