@@ -19,7 +19,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(BENCH))
 sys.path.insert(0, BENCH)
 
-from report import checkpoint, recovery, targets  # noqa: E402 - after the path set-up above
+from report import checkpoint, recovery, targets, tiers  # noqa: E402 - after the path set-up above
 from report.fmt import table  # noqa: E402
 from sweep.results import read_json  # noqa: E402
 
@@ -35,6 +35,11 @@ def load(results_dir: str) -> tuple[list[dict], dict | None]:
               if d["size"]["name"] in SIZE_ORDER else len(SIZE_ORDER))
     path = os.path.join(results_dir, "checkpoint.json")
     return docs, (read_json(path) if os.path.exists(path) else None)
+
+
+def load_tiers(results_dir: str) -> dict | None:
+    path = os.path.join(results_dir, "tiers.json")
+    return read_json(path) if os.path.exists(path) else None
 
 
 def _setup(docs: list[dict], ckpt: dict | None) -> str:
@@ -76,6 +81,9 @@ def render(results_dir: str) -> str:
     parts += [f"{recovery.section(d)}\n" for d in docs]
     if ckpt is not None:
         parts += [checkpoint.section(ckpt), ""]
+    tier_doc = load_tiers(results_dir)
+    if tier_doc is not None:
+        parts += [tiers.section(tier_doc), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -21,9 +21,11 @@ checkpoint: a resume that does not restore each rank's RNG exactly is not bit-eq
 
 
 def train_loop(cfg: dict) -> dict:
-    """FSDP2 tiny LLaMA; returns the full (gathered) state dict and this rank's process."""
+    """FSDP2 LLaMA (`preset`, default tiny; optional `batch_size`, `seq_len`); returns the full
+    (gathered) state dict and this rank's process."""
     ctx = rr.get_context()
-    model = build_model("tiny", seed=0)
+    model = build_model(cfg.get("preset", "tiny"), seed=0)
+    batch_size, seq_len = cfg.get("batch_size", BATCH_SIZE), cfg.get("seq_len")
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -36,7 +38,9 @@ def train_loop(cfg: dict) -> dict:
         start = loaded.step
         torch.set_rng_state(loaded.extra["rng"])
     for step in range(start + 1, cfg["max_steps"] + 1):
-        inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, BATCH_SIZE)
+        inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, batch_size)
+        if seq_len:
+            inputs, targets = inputs[:, :seq_len], targets[:, :seq_len]
         noise = torch.rand(()).item()
         loss = causal_lm_loss(model(inputs), targets) * (1.0 + NOISE * noise)
         loss.backward()

@@ -1,0 +1,80 @@
+"""Recovery-tier benchmark: what the local tier costs a fault-free step, the interval it picks,
+and how fast each tier restores, at every state size.
+
+    python jobs/bench/bench_tiers.py --quick                 # tiny size only
+    python jobs/bench/bench_tiers.py --out docs/benchmarks   # tiny, 200mb, 1gb -> tiers.json
+    python jobs/bench/render.py                              # the page's "Recovery tiers" part
+
+Per size (`harness/sizes.py`), FSDP2 LLaMA on 2 gloo ranks through `ResilientTrainer` with
+`ResilienceConfig.default()` (`tiers/runs.py`): the local tier off (the per-step baseline), on
+("auto", an exception on rank 1 near the end: recovery, steps redone, local restore), and with it
+off an exception restored from writer memory, then with the memory tier off from storage. One
+run at a time, each on its own private Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
+
+from harness.sizes import SIZES  # noqa: E402 - after the path set-up above
+from sweep import machine  # noqa: E402
+from sweep.results import write_json  # noqa: E402
+from tiers import runs  # noqa: E402
+
+from ray_resilience.examples.token_data import generate_shards  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny size only")
+    p.add_argument("--sizes", default=None, help=f"comma-separated from {', '.join(SIZES)}")
+    p.add_argument("--plans", default="off,auto,memory,storage")
+    p.add_argument("--out", default=None, help="result folder (default results/bench/<time>)")
+    args = p.parse_args(argv)
+    sizes = args.sizes or ("tiny" if args.quick else ",".join(SIZES))
+    args.sizes = [s for s in sizes.split(",") if s]
+    unknown = [s for s in args.sizes if s not in SIZES]
+    if unknown:
+        p.error(f"--sizes: unknown {unknown}; choose from {', '.join(SIZES)}")
+    args.plans = [s for s in args.plans.split(",") if s]
+    args.out = os.path.abspath(args.out or os.path.join("results", "bench",
+                                                        time.strftime("%Y%m%d-%H%M%S")))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    doc = {**machine.describe(shlex.join([sys.executable, *sys.argv])),
+           "checksum_gb_s": runs.checksum_rates(), "sizes": []}
+    with tempfile.TemporaryDirectory(prefix="rr-tiers-") as work:
+        data_dir = os.path.join(work, "data")
+        generate_shards(data_dir)
+        for name in args.sizes:
+            shape, steps = SIZES[name], runs.STEPS[name]
+            entry = {"size": name, "state_bytes_per_rank": shape.state_bytes_per_rank,
+                     "steps": steps, "runs": {}}
+            for plan in runs.plans(steps):
+                if plan.name not in args.plans:
+                    continue
+                print(f"[tiers] {name} {plan.name} ...", flush=True)
+                entry["runs"][plan.name] = runs.run(shape, plan, steps=steps, data_dir=data_dir,
+                                                    out_dir=os.path.join(work, "runs"))
+                print(f"[tiers] {name} {plan.name}: {entry['runs'][plan.name]}", flush=True)
+            doc["sizes"].append(entry)
+            write_json(os.path.join(args.out, "tiers.json"), doc)  # partial results survive
+    print(f"wrote {os.path.join(args.out, 'tiers.json')}; leftover /dev/shm run folders: "
+          f"{runs.shm_left('tiers-')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
