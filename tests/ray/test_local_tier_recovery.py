@@ -60,3 +60,21 @@ def test_an_exception_and_a_sigkill_redo_at_most_the_local_interval(ray_session,
     assert result.checkpoint["latest_committed_step"] is None  # no save step was reached
     assert set(result.checkpoint["restore_s"]) == {"local"}
     assert not glob.glob(os.path.join("/dev/shm", "ray_resilience", "faults200-*"))
+
+
+def test_a_meta_built_model_restores_without_a_full_init_and_ends_bit_equal(clean_run,
+                                                                           token_data_dir,
+                                                                           tmp_path):
+    """`build_sharded` + `load_or_init` (examples/llama.py): the first attempt starts from the
+    seed's weights, each restart fills the uninitialized shards from the local tier; the run
+    ends bit-equal to the one built unsharded on the CPU."""
+    plan = FaultPlan.explicit([Fault(step=5, rank=1, kind="exception"),
+                               Fault(step=9, rank=0, kind="exception")])
+    resilience = rr.ResilienceConfig.default(fault_plan=plan, step_timeout_s=30.0)
+    result = workload.fit(token_data_dir, str(tmp_path), "meta", max_steps=12,
+                          resilience=resilience, meta_init=True)
+    assert result.ok, result.error
+    assert [v["tier"] for v in result.return_values] == ["local", "local"]
+    for rank in range(2):
+        workload.assert_bit_equal(result.return_values[rank]["state"],
+                                  clean_run(2, 12).return_values[rank]["state"])

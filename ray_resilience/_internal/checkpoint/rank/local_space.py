@@ -1,35 +1,19 @@
 """Room and integrity for the local tier: whether two files per rank fit in the tmpfs and in the
-memory limit its pages are charged to, and the data checksum (CRC-32C in hardware when the
-`crc32c` package is there, else zlib's CRC-32).
+memory limit its pages are charged to, and the data checksum (`format/checksum.py`).
 """
 
 from __future__ import annotations
 
 import os
-import zlib
-from typing import Any
 
-try:
-    import crc32c as _crc32c
-except ImportError:  # pragma: no cover - a declared dependency; zlib keeps the tier working
-    _crc32c = None
+from ray_resilience._internal.checkpoint.format.checksum import (  # noqa: F401 - re-exported
+    CHECKSUM,
+    checksum,
+    known_checksum,
+)
 
-CHECKSUM = "crc32c" if _crc32c is not None else "crc32"
-"""The checksum new files carry (the header names it; a reader verifies with the same)."""
 CGROUP_MEMORY = "/sys/fs/cgroup"
 """Where cgroup v2 exposes this container's memory limit and usage."""
-
-
-def known_checksum(name: Any) -> bool:
-    return name == "crc32" or (name == "crc32c" and _crc32c is not None)
-
-
-def checksum(name: str, data: Any, value: int = 0) -> int:
-    """The running checksum `name` of `data` continued from `value` (the GIL is released for
-    large buffers by both implementations)."""
-    if name == "crc32c":
-        return _crc32c.crc32c(data, value)
-    return zlib.crc32(data, value)
 
 
 def capacity_problem(root: str, per_file: int, ranks_on_node: int) -> str | None:
