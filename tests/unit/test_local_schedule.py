@@ -22,7 +22,7 @@ from ray_resilience._internal.checkpoint.rank.slots import LocalWrite, RankSaveS
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
-from tests.unit.test_local_tier import _equal, _restore, _state, _step, _trained
+from tests.support.local_snapshots import _equal, _restore, _state, _step, _trained
 
 pytestmark = pytest.mark.timeout(60)
 ONE_RANK = Agreement(rank=0, world_size=1, timeout_s=10.0)
