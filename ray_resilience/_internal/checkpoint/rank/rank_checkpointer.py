@@ -70,13 +70,16 @@ class RankCheckpointer:
         """Saves on save steps and snapshots for the local tier on its steps; returns the seconds
         the training thread was blocked by a committed save, else None."""
         self._charge_guard_wait()
-        local = (self._local is not None and self._local.disabled is None
-                 and self._schedule.is_local_step(step))
+        # Asked on every rank at every step, tier off or not: the probe's decision is collective.
+        local = self._local is not None and self._schedule.is_local_step(step) \
+            and self._local.disabled is None
         save = self.config.is_save_step(step)
         blocked = None
         if save or local:
             blocked = self._stage(step, model, optimizer, extra, save=save, local=local)
         if self._local is not None:
+            if self._local.disabled is not None:  # e.g. a write failed: the peers must hear it
+                self._schedule.turn_off(self._local.disabled)
             self._schedule.after_step(step, staged=save or local, agreement=self._agreement,
                                       wait_idle=self._wait_local_writes)
             self._follow_schedule()
@@ -201,6 +204,8 @@ class RankCheckpointer:
                             local=self._local)
         loaded = load_newest(target, self._agreement)
         if self._local is not None:
+            if self._local.disabled is not None:
+                self._schedule.turn_off(self._local.disabled)
             self._schedule.begin_attempt(self._agreement, loaded.step if loaded else None)
             self._follow_schedule()
         return loaded
