@@ -24,13 +24,16 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 
-from harness.sizes import SIZES  # noqa: E402 - after the path set-up above
+import ray  # noqa: E402 - after the path set-up above
+from harness.sizes import SIZES  # noqa: E402
 from sweep import machine  # noqa: E402
 from sweep.results import write_json  # noqa: E402
 from tiers import runs  # noqa: E402
 
 from ray_resilience.examples.token_data import generate_shards  # noqa: E402
 
+ATTEMPTS = 3
+os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # a loaded machine starts slowly
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
@@ -51,6 +54,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _run(shape: object, plan: runs.Plan, steps: int, data_dir: str, work: str) -> dict:
+    """One run; a private Ray that fails to start (an overloaded machine) is tried again."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            result = runs.run(shape, plan, steps=steps, data_dir=data_dir,
+                              out_dir=os.path.join(work, "runs"))
+            return {**result, "start_attempts": attempt}
+        except Exception as exc:  # noqa: BLE001 - Ray's start-up timeout is a plain Exception
+            print(f"[tiers] {plan.name}: attempt {attempt} failed: {exc}", flush=True)
+            error = f"{type(exc).__name__}: {exc}"
+            ray.shutdown()  # whatever of the failed start is left
+    return {"ok": False, "error": error, "plan": plan.name}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     doc = {**machine.describe(shlex.join([sys.executable, *sys.argv])),
@@ -66,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 if plan.name not in args.plans:
                     continue
                 print(f"[tiers] {name} {plan.name} ...", flush=True)
-                entry["runs"][plan.name] = runs.run(shape, plan, steps=steps, data_dir=data_dir,
-                                                    out_dir=os.path.join(work, "runs"))
+                entry["runs"][plan.name] = _run(shape, plan, steps, data_dir, work)
                 print(f"[tiers] {name} {plan.name}: {entry['runs'][plan.name]}", flush=True)
             doc["sizes"].append(entry)
             write_json(os.path.join(args.out, "tiers.json"), doc)  # partial results survive
