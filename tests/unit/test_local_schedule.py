@@ -47,7 +47,7 @@ def _probe(schedule: LocalSchedule, clock: _Clock, *, step_s: float, cost_s: flo
             written.append(step)
             schedule.record_blocking(step, cost_s)
             schedule.record_write(step, 0.0)
-        schedule.after_step(step, staged=local, agreement=ONE_RANK, wait_idle=lambda: True)
+        schedule.after_step(step, agreement=ONE_RANK, wait_idle=lambda: True)
     return written
 
 

@@ -27,6 +27,8 @@ from ray_resilience._internal.constants import (
 )
 from ray_resilience.checkpoint.config import AUTO, CheckpointConfig
 
+WARM_UP_STEPS = 2
+"""Steps at the start of an attempt whose time is not taken as step time."""
 PROBE_WRITES = (1, 3)
 """Steps of the probe (counted from the attempt's start) that write the local tier besides its
 last: the first pays one-time allocations, the others are what later writes cost."""
@@ -59,13 +61,15 @@ class LocalSchedule:
         self._lock = threading.Lock()
         self._writes: dict[int, _Write] = {}
         self._step_s: collections.deque[float] = collections.deque(maxlen=64)
-        self._last: tuple[int, float, bool] | None = None
+        self._last: tuple[int, float] | None = None
+        self._seen = 0
+        """Steps seen in this attempt."""
         self._events: list[dict[str, Any]] = []
 
     def begin_attempt(self, agreement: Any, resumed: int | None) -> None:
         """At `load`, on every rank: agrees on the interval from earlier attempts' costs (a
         respawned rank has none: its peers' count), else probes again from `resumed`."""
-        self._start, self._last = resumed, None
+        self._start, self._last, self._seen = resumed, None, 0
         if self.fixed == 0:
             return
         gathered = agreement.gather((self._proposal(), self.off))
@@ -89,12 +93,15 @@ class LocalSchedule:
         into = step - self._start
         return (into in PROBE_WRITES or into == self._probe_steps) and self.off is None
 
-    def after_step(self, step: int, *, staged: bool, agreement: Any, wait_idle: Any) -> None:
+    def after_step(self, step: int, *, agreement: Any, wait_idle: Any) -> None:
         """Records the step's wall time; at the end of a probe, agrees on the interval."""
         now = time.perf_counter()
-        if self._last is not None and not self._last[2]:  # no copy overlapped this step
+        self._seen += 1
+        # An attempt's first steps pay one-time costs (allocations, lazy imports); a step that
+        # overlaps a write is slower by at most that write's cost, which the budget bounds.
+        if self._last is not None and self._seen > WARM_UP_STEPS:
             self._step_s.append((now - self._last[1]) / max(1, step - self._last[0]))
-        self._last = (step, now, staged)
+        self._last = (step, now)
         if self.interval is None and self._start is not None \
                 and step >= self._start + self._probe_steps:
             wait_idle()  # the probe's writes: their cost is the measurement

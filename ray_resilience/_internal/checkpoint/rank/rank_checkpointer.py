@@ -80,7 +80,7 @@ class RankCheckpointer:
         if self._local is not None:
             if self._local.disabled is not None:  # e.g. a write failed: the peers must hear it
                 self._schedule.turn_off(self._local.disabled)
-            self._schedule.after_step(step, staged=save or local, agreement=self._agreement,
+            self._schedule.after_step(step, agreement=self._agreement,
                                       wait_idle=self._wait_local_writes)
             self._follow_schedule()
         return blocked
