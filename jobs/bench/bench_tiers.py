@@ -3,6 +3,7 @@ and how fast each tier restores, at every state size.
 
     python jobs/bench/bench_tiers.py --quick                 # tiny size only
     python jobs/bench/bench_tiers.py --out docs/benchmarks   # tiny, 200mb, 1gb -> tiers.json
+    python jobs/bench/bench_tiers.py --sizes 1gb --plans memory --out docs/benchmarks  # one rerun
     python jobs/bench/render.py                              # the page's "Recovery tiers" part
 
 Per size (`harness/sizes.py`), FSDP2 LLaMA on 2 gloo ranks through `ResilientTrainer` with
@@ -27,7 +28,7 @@ sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 import ray  # noqa: E402 - after the path set-up above
 from harness.sizes import SIZES  # noqa: E402
 from sweep import machine  # noqa: E402
-from sweep.results import write_json  # noqa: E402
+from sweep.results import read_json, write_json  # noqa: E402
 from tiers import runs  # noqa: E402
 
 from ray_resilience.examples.token_data import generate_shards  # noqa: E402
@@ -68,6 +69,23 @@ def _run(shape: object, plan: runs.Plan, steps: int, data_dir: str, work: str) -
     return {"ok": False, "error": error, "plan": plan.name}
 
 
+def merged(out: str, doc: dict) -> dict:
+    """`doc` over the results already in `out`: a rerun of some sizes or plans replaces only
+    those runs (partial results survive a failure too)."""
+    path = os.path.join(out, "tiers.json")
+    if not os.path.exists(path):
+        return doc
+    old = read_json(path)
+    sizes = {e["size"]: e for e in old.get("sizes", [])}
+    for entry in doc["sizes"]:
+        kept = sizes.get(entry["size"])
+        if kept is not None:
+            entry = {**kept, **entry, "runs": {**kept["runs"], **entry["runs"]}}
+        sizes[entry["size"]] = entry
+    order = [n for n in SIZES if n in sizes]
+    return {**old, **doc, "sizes": [sizes[n] for n in order]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     doc = {**machine.describe(shlex.join([sys.executable, *sys.argv])),
@@ -86,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry["runs"][plan.name] = _run(shape, plan, steps, data_dir, work)
                 print(f"[tiers] {name} {plan.name}: {entry['runs'][plan.name]}", flush=True)
             doc["sizes"].append(entry)
-            write_json(os.path.join(args.out, "tiers.json"), doc)  # partial results survive
+            write_json(os.path.join(args.out, "tiers.json"), merged(args.out, doc))
     print(f"wrote {os.path.join(args.out, 'tiers.json')}; leftover /dev/shm run folders: "
           f"{runs.shm_left('tiers-')}")
     return 0
