@@ -131,11 +131,8 @@ class HandoffPipeline:
                 self.stats.counts["skipped"] += 1
                 save = False
             if save or local is not None:
-                slot, withdrawn = self.pool.acquire(source.items, source.tensors,
-                                                    may_withdraw=save and policy == "coalesce")
-                if withdrawn is not None:
-                    self._withdraw(withdrawn)
-                if slot is None:  # every slot still in use: never wait
+                slot = self._acquire(source, save=save, local=local is not None)
+                if slot is None:
                     self.stats.counts["skipped" if save else "local_skipped"] += 1
             rnd = _Round(self.session, step, slot if save else None, source.plan_id, source.keys)
             if save_step and (slot is None or not save):
@@ -165,6 +162,24 @@ class HandoffPipeline:
                 self._copied(slot, None)
         self.stats.counts["staged" if save else "local_staged"] += 1
         return save or not save_step
+
+    def _acquire(self, source: SaveSource, *, save: bool, local: bool) -> Slot | None:
+        """A slot for the snapshot (caller holds the condition). A save never waits for one (its
+        policy decides); a local step waits for the local writer to free one, because every
+        local step must be written for a restart to redo at most the interval (the wait is
+        charged to the tier's cost)."""
+        deadline = time.monotonic() + self.config.write_timeout_s
+        while True:
+            slot, withdrawn = self.pool.acquire(
+                source.items, source.tensors,
+                may_withdraw=save and self.config.in_flight_policy == "coalesce")
+            if withdrawn is not None:
+                self._withdraw(withdrawn)
+            left = deadline - time.monotonic()
+            if slot is not None or not local or self._closed or left <= 0:
+                return slot
+            self.stats.counts["local_slot_waits"] += 1
+            self.cond.wait(min(left, self.config.warn_interval_s))
 
     def _withdraw(self, slot: Slot) -> None:
         for rnd in self._rounds:
