@@ -97,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
             shape, steps = SIZES[name], runs.STEPS[name]
             entry = {"size": name, "state_bytes_per_rank": shape.state_bytes_per_rank,
                      "steps": steps, "runs": {}}
+            doc["sizes"].append(entry)
             for plan in runs.plans(steps):
                 if plan.name not in args.plans:
                     continue
                 print(f"[tiers] {name} {plan.name} ...", flush=True)
                 entry["runs"][plan.name] = _run(shape, plan, steps, data_dir, work)
                 print(f"[tiers] {name} {plan.name}: {entry['runs'][plan.name]}", flush=True)
-            doc["sizes"].append(entry)
-            write_json(os.path.join(args.out, "tiers.json"), merged(args.out, doc))
+                # After every run: a later run that hangs or is killed loses only itself.
+                write_json(os.path.join(args.out, "tiers.json"), merged(args.out, doc))
     print(f"wrote {os.path.join(args.out, 'tiers.json')}; leftover /dev/shm run folders: "
           f"{runs.shm_left('tiers-')}")
     return 0
