@@ -42,7 +42,7 @@ def _recovery_row(entry: dict[str, Any]) -> list[str]:
 
 def section(doc: dict[str, Any]) -> str:
     rates = doc.get("checksum_gb_s") or {}
-    failed = [f"{e['size']} {name}: {r['error']}" for e in doc["sizes"]
+    failed = [f"{e['size']} {name}: {r['error'].rstrip('.')}" for e in doc["sizes"]
               for name, r in e["runs"].items() if not r["ok"]]
     lines = [
         "## Recovery tiers", "",
@@ -67,4 +67,6 @@ def section(doc: dict[str, Any]) -> str:
     ]
     if failed:
         lines += ["", "Runs that failed: " + "; ".join(failed) + "."]
+    if doc.get("provenance"):
+        lines += ["", f"Source: `{doc['command']}`, {doc['provenance']}."]
     return "\n".join(lines) if doc["sizes"] else NONE
