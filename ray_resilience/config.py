@@ -197,7 +197,8 @@ class ResilienceConfig:
     def default(cls, *, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL_STEPS,
                 fault_plan: FaultPlan | None = None, **kwargs: Any) -> ResilienceConfig:
         """Every rung on: in-process restart, respawn, a committed checkpoint every
-        `checkpoint_interval` steps (0: none) and the local tier at every step."""
+        `checkpoint_interval` steps (0: none) and the local tier at the interval its measured
+        cost allows ("auto")."""
         kwargs.setdefault("in_process", InProcessConfig())
         kwargs.setdefault("in_job", InJobConfig())
         kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))

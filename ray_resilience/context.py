@@ -96,8 +96,9 @@ class _Session:
         self.checkpoint_blocking_s: list[tuple[int, float, str | None, float]] = []
         """(step, blocking seconds, tier, when the save returned): stamped with its own time so
         the timeline charges it to the step interval it happened in."""
-        self.open_save: tuple[int, float, float] | None = None
-        """The newest save, recorded once the optimizer step after it ran (its wait blocks too)."""
+        self.open_save: tuple[int, float, float, str | None] | None = None
+        """The newest save or local snapshot (step, blocking, when, tier), recorded once the
+        optimizer step after it ran (its wait for the copy blocks too)."""
         self.events: list[dict[str, Any]] = []
         self.stop_at: tuple[int, float] | None = None
         """(step, deadline): save that step, wait until it is durable, stop (preemption)."""
@@ -106,11 +107,18 @@ class _Session:
         """Records the open save with the optimizer-step wait that followed it."""
         if self.open_save is None:
             return
-        step, blocked, t_saved = self.open_save
+        step, blocked, t_saved, tier = self.open_save
         waited = self.checkpointer.take_guard_wait_s() if self.checkpointer is not None else 0.0
         with self.lock:
-            self.checkpoint_blocking_s.append((step, blocked + waited, None, t_saved))
+            self.checkpoint_blocking_s.append((step, blocked + waited, tier, t_saved))
             self.open_save = None
+
+    def add_checkpointer_events(self) -> None:
+        """The local tier's decisions (its interval) go to the supervisor with the events."""
+        events = self.checkpointer.take_events() if self.checkpointer is not None else []
+        if events:
+            with self.lock:
+                self.events.extend(events)
 
     def drain(self, *, final: bool = False
               ) -> tuple[list[dict[str, Any]], int | None, float | None, list, list]:
@@ -176,14 +184,13 @@ def report(metrics: dict[str, Any], *, step: int | None = None,
         blocked = session.checkpointer.maybe_save(
             int(step), model=checkpoint.model, optimizer=checkpoint.optimizer, extra=extra)
         t_saved = time.time()
+        for local_step, local_blocked in session.checkpointer.take_local_blocking():
+            session.open_save = (local_step, local_blocked, t_saved, "local")
         if blocked is not None:
-            session.open_save = (int(step), blocked, t_saved)
+            session.open_save = (int(step), blocked, t_saved, None)
             if session.faults is not None:
                 session.faults("checkpoint_save", int(step))
-        local = session.checkpointer.take_local_blocking()
-        if local:
-            with session.lock:
-                session.checkpoint_blocking_s.extend((s, b, "local", t_saved) for s, b in local)
+        session.add_checkpointer_events()
     if _stopping(session, int(step)):
         _stop(session, record, durable=False)  # no checkpoint given at this step
     with session.lock:
@@ -205,8 +212,11 @@ def _say_if_not_saved(session: _Session, step: int) -> None:
         config = checkpointer.config
         every = (f"commits only steps divisible by {config.interval_steps}"
                  if config.interval_steps else "commits nothing to storage")
-        local = (f"; the local tier keeps every {config.local_interval_steps} step(s) on this "
-                 "node" if config.local_interval_steps else "")
+        every_local = config.local_interval_steps
+        local = ("; the local tier keeps steps on this node at the interval its measured cost "
+                 "allows" if every_local == "auto" else
+                 f"; the local tier keeps every {every_local} step(s) on this node"
+                 if every_local else "")
         key, why = "interval", (
             f"report(checkpoint=...) at step {step} is not committed to storage: "
             f"CheckpointConfig.interval_steps={config.interval_steps} {every}{local}. Passing "
@@ -258,6 +268,7 @@ def load_checkpoint(*, model: torch.nn.Module,
             if name in session.datasets:  # a dataset the run no longer has is skipped
                 session.datasets[name].restore(saved)
         loaded = dataclasses.replace(loaded, extra=extra)
+    session.add_checkpointer_events()
     with session.lock:
         session.events.append({"phase": "checkpoint_load", "t_start": t0, "t_end": time.time(),
                                "rank": session.context.world_rank,

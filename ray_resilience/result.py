@@ -45,6 +45,13 @@ class Result:
     checkpoint_load, user phases)."""
 
     @property
+    def local_interval_steps(self) -> int | None:
+        """Steps between two local-tier snapshots the ranks last agreed on (0: the tier was
+        off; None: no local tier, or the run ended before the interval was chosen)."""
+        local = (self.checkpoint or {}).get("local_tier")
+        return None if local is None else local["interval_steps"]
+
+    @property
     def ok(self) -> bool:
         return self.error is None
 
@@ -63,6 +70,7 @@ class Result:
             "worker_pids": self.worker_pids, "wall_s": self.wall_s, "path": self.path,
             "num_reports": self.control.get("reports", len(self.metrics_history)),
             "control": self.control, "timeouts": self.timeouts,
+            "local_interval_steps": self.local_interval_steps,
             "goodput_summary": None if self.goodput is None else {
                 "training_goodput": self.goodput.training_goodput,
                 "infra_goodput": self.goodput.infra_goodput},

@@ -39,8 +39,9 @@ class ResilientTrainer:
     `run_config` may be ours or Ray Train's (`ray.train.ScalingConfig`, `ray.train.RunConfig`
     with its `FailureConfig` and `CheckpointConfig`; see docs/ray_train_port.md). Without
     `resilience`, the run is resilient: `ResilienceConfig.default()` (every rung, a committed
-    checkpoint every 100 steps, the local tier every step); `ResilienceConfig.disabled()`
-    turns that off. `datasets` feeds the ranks through `get_dataset_shard(name)`.
+    checkpoint every 100 steps, the local tier at an interval chosen from its measured
+    cost); `ResilienceConfig.disabled()` turns that off. `datasets` feeds the ranks through
+    `get_dataset_shard(name)`.
     """
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,

@@ -15,6 +15,7 @@ SnapshotMode = Literal["auto", "overlap", "sync"]
 SNAPSHOT_MODES: tuple[str, ...] = ("auto", "overlap", "sync")
 WriterPriority = Literal["auto", "background", "low", "inherit"]
 WRITER_PRIORITIES: tuple[str, ...] = ("auto", "background", "low", "inherit")
+AUTO = "auto"
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -40,13 +41,20 @@ class CheckpointConfig:
     before `report` returns; "auto": sync below `auto_sync_max_bytes`, else overlap."""
     auto_sync_max_bytes: int = 128 * 2**10
     """Under `snapshot="auto"`: a rank state smaller than this is copied before `save` returns."""
-    local_interval_steps: int = 1
+    local_interval_steps: int | Literal["auto"] = AUTO
     """Also write each rank's state to node-local shared memory every this many steps (0: off);
-    a restart on the same node then redoes at most this many steps."""
+    a restart on the same node then redoes at most this many steps. "auto": the shortest
+    interval whose measured cost stays within `local_overhead_budget` (`Result.local_interval_steps`
+    reports it)."""
+    local_overhead_budget: float = 0.01
+    """Under "auto": the local tier's share of step time it may cost (copies, checksum, writes)."""
     local_dir: str = "/dev/shm"
     """Node-local tmpfs for the local tier (on Kubernetes: an `emptyDir` with medium Memory)."""
-    local_max_bytes: int | None = 64 * 2**20
-    """A rank whose state is larger skips the local tier (None: no cap)."""
+    local_max_bytes: int | None = None
+    """A rank whose state is larger skips the local tier (None: only the tmpfs capacity check)."""
+    replica_bytes_per_s: float | None = 2**30
+    """Pace of replica copies into each writer, in bytes per second (None: unpaced), so they
+    leave training's network and memory bandwidth alone."""
     writers_per_node: int = 1
     """Writer actors per node hosting ranks; ranks on a node are spread across them."""
     writer_priority: WriterPriority = "auto"
@@ -94,7 +102,19 @@ class CheckpointConfig:
         self._check_int("auto_sync_max_bytes", minimum=0,
                         fix="give a byte count (0: always overlap under snapshot='auto').")
         self._check_int("num_storage_retries", minimum=0, fix="use 0 to never retry.")
-        self._check_int("local_interval_steps", minimum=0, fix="use 0 to turn the local tier off.")
+        if self.local_interval_steps != AUTO:
+            self._check_int("local_interval_steps", minimum=0,
+                            fix="use 'auto', or 0 to turn the local tier off.")
+        budget = self.local_overhead_budget
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool) \
+                or not 0 < budget <= 1:
+            raise ConfigError("CheckpointConfig.local_overhead_budget", budget,
+                              "must be a fraction of step time in (0, 1], e.g. 0.01 for 1%.")
+        pace = self.replica_bytes_per_s
+        if pace is not None and (not isinstance(pace, (int, float)) or isinstance(pace, bool)
+                                 or not pace > 0 or pace == float("inf")):
+            raise ConfigError("CheckpointConfig.replica_bytes_per_s", pace,
+                              "must be a byte rate > 0, or None for unpaced replica copies.")
         if self.local_max_bytes is not None:
             self._check_int("local_max_bytes", minimum=0,
                             fix="give a byte count, or None for no cap (local_interval_steps=0 "
@@ -136,9 +156,10 @@ class CheckpointConfig:
     def _check_choice(self, name: str, choices: tuple[str, ...], fix: str) -> None:
         check.choice(f"CheckpointConfig.{name}", getattr(self, name), choices, fix=fix)
 
-    def is_local_step(self, step: int) -> bool:
-        """True when `maybe_save` writes the local tier at `step`."""
-        return self.local_interval_steps > 0 and step % self.local_interval_steps == 0
+    @property
+    def local_tier_on(self) -> bool:
+        """Whether ranks write the local tier at all ("auto" or a positive interval)."""
+        return self.local_interval_steps == AUTO or self.local_interval_steps > 0
 
     def is_save_step(self, step: int) -> bool:
         """True when `maybe_save` saves at `step`."""

@@ -1,11 +1,12 @@
 """Rules that tie a RayJob's entrypoint to its cluster: the script exists, ranks match GPUs,
-a rerun resumes (fixed run name, shared storage path).
+a rerun resumes (fixed run name, shared storage path), the local tier fits its tmpfs.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+from decimal import Decimal
 from typing import Any
 
 from ray_resilience.deploy.cluster import PodGroup, pod_groups, quantity
@@ -19,6 +20,17 @@ JOB_ARG_ALIASES = {"checkpoint_dir": "storage_path", "data_dir": "data",
                    "max_training_steps": "max_steps"}
 """The example job's second names (the AWS FSDP test case's) -> the names these rules read
 (ray_resilience/examples/job_args.py; tests/unit/test_example_args.py keeps them in step)."""
+MODEL_PARAMS = {"tiny": 123_712, "small": 31_597_056, "llama3-8b": 8_030_261_248,
+                "llama3-tiny": 123_712, "llama3.1-8b": 8_030_261_248}
+"""Parameters of the example models `--model` names (tests check them against the models)."""
+BYTES_PER_PARAM = 12
+"""fp32 parameters and AdamW's two moments."""
+LOCAL_FILES = 2
+"""Files per rank in the local tier: the newest snapshot and the one before."""
+CONTAINER_SHM = 64 * 2**20
+"""A container's /dev/shm when no volume is mounted there."""
+HEADROOM = 1.1
+"""Room beyond the local tier's files (NCCL's and Ray's own /dev/shm files)."""
 _ENTRYPOINT = ("spec", "entrypoint")
 _SHELL_EXPANSION = ("$", "`")
 
@@ -40,6 +52,7 @@ def job_problems(ctx: DocContext, doc: dict[str, Any], jobs_dir: str) -> list[Ma
         problems += _gpu_problems(ctx, entry, groups)
         problems += path_problems(ctx, entry, groups, "storage_path", writable=True)
         problems += path_problems(ctx, entry, groups, "data", writable=False)
+        problems += _local_tier_problems(ctx, entry, groups)
     return problems
 
 
@@ -133,4 +146,63 @@ def _gpu_problems(
             f"hold {total} GPUs ({layout}); with one rank per GPU the job would wait forever "
             "for GPUs or leave some idle", f"pass --num_workers {total}, or change replicas / "
             f"{GPU_RESOURCE} so that GPUs per pod x pods = {num_workers}")  # fmt: skip
+    return problems
+
+
+def local_file_bytes(state_bytes: int) -> int:
+    """One local-tier file of a rank holding `state_bytes` (`local_tier.slot_bytes`)."""
+    return 4096 + state_bytes + state_bytes // 8 + 65536
+
+
+def _tmpfs_limit(group: PodGroup, mount_path: str) -> tuple[Any, Decimal | None, Any]:
+    """(YAML path, size limit in bytes, volume) of the Memory emptyDir mounted at `mount_path`
+    in the Ray container; size None when there is none (a container's /dev/shm: 64 MiB)."""
+    mounts = group.ray_container().get("volumeMounts") or []
+    volumes = {v.get("name"): (i, v) for i, v in enumerate(group.pod_spec.get("volumes") or [])}
+    for mount in mounts:
+        if posixpath.normpath(str(mount.get("mountPath", ""))) == mount_path:
+            index, volume = volumes.get(mount.get("name"), (None, {}))
+            empty = volume.get("emptyDir")
+            if isinstance(empty, dict) and empty.get("medium") == "Memory":
+                return ([*group.pod_path, "volumes", index, "emptyDir", "sizeLimit"],
+                        quantity(empty.get("sizeLimit")) if "sizeLimit" in empty else None,
+                        empty.get("sizeLimit"))
+    return [*group.pod_path, "volumes"], None, None
+
+
+def _local_tier_problems(
+    ctx: DocContext, entry: Entrypoint, groups: list[PodGroup]
+) -> list[ManifestProblem]:
+    """Each worker pod's memory-backed tmpfs holds 2 local-tier files per rank it hosts (state
+    per rank from the model and --num_workers), with headroom."""
+    params = MODEL_PARAMS.get(str(entry.args.get("model")))
+    num_workers = entry.args.get("num_workers")
+    if str(entry.args.get("local_interval_steps", "auto")) == "0" or params is None \
+            or not (isinstance(num_workers, str) and num_workers.isdigit()) \
+            or not int(num_workers):
+        return []
+    local_dir = posixpath.normpath(str(entry.args.get("local_dir", "/dev/shm")))
+    state = params * BYTES_PER_PARAM // int(num_workers)
+    workers = [g for g in groups[1:] if g.pods()]
+    pods = sum(g.pods() for g in workers)
+    problems = []
+    for group in workers:
+        ranks = _gpus(group) if entry.args.get("use_gpu") is True else -(-int(num_workers) // pods)
+        need = int(LOCAL_FILES * local_file_bytes(state) * ranks * HEADROOM)
+        path, limit, value = _tmpfs_limit(group, local_dir)
+        if limit is None and value is None and local_dir == "/dev/shm":
+            limit = Decimal(CONTAINER_SHM)  # the container runtime's own /dev/shm
+        if limit is not None and limit >= need:
+            continue
+        shape = (f"--model {entry.args['model']} on {num_workers} ranks is {state / 1e9:.2f} GB "
+                 f"of parameters and AdamW state per rank; {group.name}'s {ranks} rank(s) per "
+                 f"pod keep {LOCAL_FILES} local-tier files each in {local_dir}: "
+                 f"{need / 2**30:.0f}Gi with {HEADROOM:.0%} headroom")
+        has = ("no memory-backed volume is mounted there (a container's /dev/shm is 64 MiB)"
+               if limit is None and value is None else f"its sizeLimit is {value}")
+        problems.append(ctx.problem(path, Rule.LOCAL_TIER, value or local_dir,
+                                    f"{shape}, but {has}; ranks would turn the local tier off",
+                                    f"mount an emptyDir (medium: Memory, sizeLimit >= "
+                                    f"{-(-need // 2**30)}Gi) at {local_dir} and keep the memory "
+                                    "limit above it, or pass --local_interval_steps 0"))
     return problems

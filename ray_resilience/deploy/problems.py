@@ -37,6 +37,7 @@ class Rule(enum.StrEnum):
     CLAIM_DECLARED = "claim-declared"  # PVC used by Ray pods is declared in the validated set
     REQUESTS_EQUAL_LIMITS = "requests-equal-limits"  # Guaranteed QoS; extended resources match
     RESUME = "resume"  # retried RayJob must resume: fixed --run_name and --storage_path
+    LOCAL_TIER = "local-tier"  # the ranks' local-tier files fit the pod's memory-backed /dev/shm
     DASHBOARD = "dashboard"  # Ray dashboard (job submission API) stays inside the cluster
     TOKEN_AUTH = "token-auth"  # Ray token authentication on: authOptions.mode token
     NETWORK_POLICY = "network-policy"  # a NetworkPolicy admits only the cluster's pods to the head

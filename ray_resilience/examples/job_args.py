@@ -20,6 +20,10 @@ SHAPE_ARGS = {"hidden_width": "hidden_size", "num_layers": "num_hidden_layers",
 """AWS shape arguments -> the LlamaConfig fields they override."""
 
 
+
+def _interval(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
 def _int_flag(text: str) -> bool:
     """The AWS test case writes switches as integers (`--bf16 1`)."""
     if text not in ("0", "1"):
@@ -78,11 +82,13 @@ def _checkpoint_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--memory_replicas", type=int, default=0,
                    help="other writers (other nodes first) that also keep each rank's newest "
                         "checkpoint in memory, so ranks of a lost node restore without storage")
-    g.add_argument("--local_interval_steps", type=int, default=1,
+    g.add_argument("--local_interval_steps", type=_interval, default="auto",
                    help="also snapshot each rank into node-local /dev/shm every N steps, so a "
-                        "restart on the same node redoes at most N steps (0: off)")
-    g.add_argument("--local_max_bytes", type=int, default=64 * 2**20,
-                   help="ranks whose state is larger skip the local snapshots (bytes)")
+                        "restart on the same node redoes at most N steps (0: off; 'auto': the "
+                        "shortest interval costing at most 1%% of step time)")
+    g.add_argument("--local_max_bytes", type=int, default=None,
+                   help="ranks whose state is larger skip the local snapshots (bytes; default: "
+                        "only the tmpfs capacity check)")
     g.add_argument("--storage_path", "--checkpoint_dir", dest="storage_path",
                    default=os.path.abspath("runs"))
     g.add_argument("--run_name", default="llama-fsdp")

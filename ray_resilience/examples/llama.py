@@ -1,11 +1,21 @@
 """A LLaMA-style decoder: RMSNorm, rotary embeddings, SwiGLU, grouped-query causal attention.
 Presets from `tiny` (CPU tests) to `llama3-8b` (Llama-3.1-8B's shapes).
+
+Fast restarts at GB scale: `build_sharded` builds the model on the meta device, shards it with
+FSDP2 and allocates only this rank's shards, uninitialized; `load_or_init` then fills them from
+the newest checkpoint, or with `build_model`'s initial weights when there is none. A restart
+never initializes (nor holds) the full model on the CPU:
+
+    model = build_sharded("llama3-8b", device=ctx.device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    loaded = load_or_init(model, optimizer, seed=0)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -151,6 +161,15 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
+    def init_buffers(self) -> None:
+        """Recomputes the rotary tables in place (they are in no checkpoint: after `to_empty`
+        they hold garbage)."""
+        cfg = self.cfg
+        cos, sin = rotary_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        with torch.no_grad():
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
     def reset_parameters(self) -> None:
         std = 0.02
         for name, param in self.named_parameters():
@@ -178,6 +197,42 @@ def build_model(preset: str | LlamaConfig, *, seed: int = 0,
         torch.manual_seed(seed)
         model = Llama(cfg)
     return model.to(device)
+
+
+def build_sharded(preset: str | LlamaConfig, *, device: str | torch.device = "cpu",
+                  mesh: Any = None) -> Llama:
+    """The model sharded with FSDP2 (each block, then the whole) with only this rank's shards
+    allocated on `device` and left uninitialized: fill them with `load_or_init`."""
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 - needs torch.distributed
+
+    cfg = PRESETS[preset] if isinstance(preset, str) else preset
+    with torch.device("meta"):
+        model = Llama(cfg)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device=device)
+    model.init_buffers()
+    return model
+
+
+def load_or_init(model: Llama, optimizer: torch.optim.Optimizer | None, *,
+                 seed: int = 0) -> Any:
+    """`ray_resilience.load_checkpoint` into a model from `build_sharded`: the newest
+    checkpoint's shards when one exists, else `build_model(seed)`'s weights (built once on the
+    CPU, each rank keeping its shards), so both starts match a model built unsharded."""
+    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415 - needs torch.distributed
+        StateDictOptions,
+        set_model_state_dict,
+    )
+
+    import ray_resilience as rr  # noqa: PLC0415 - the example model imports no Ray otherwise
+
+    loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
+    if loaded is None:
+        full = build_model(model.cfg, seed=seed).state_dict()
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+    return loaded
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -231,7 +231,7 @@ def test_project_installs_from_the_build_context(tmp_path: Path) -> None:
     assert meta["version"] == pyproject()["project"]["version"]
     assert meta["prefix"] == str(tmp_path / "venv")
     assert "ray-resilience" in meta["scripts"]
-    assert any(r.startswith("ray[train]") for r in meta["requires"])
+    assert any(r.startswith("ray[data,train]") for r in meta["requires"])
     packaged = {f for f in meta["files"] if f.endswith(".py")}
     expected = {f for f in context_files() if f.startswith("ray_resilience/") and f.endswith(".py")}
     assert expected and expected <= packaged, sorted(expected - packaged)

@@ -35,6 +35,7 @@ from ray_resilience.deploy.command import (
     default_crd_dir,
 )
 from ray_resilience.deploy.entrypoint import parse_entrypoint
+from ray_resilience.deploy.job_rules import MODEL_PARAMS, local_file_bytes
 from ray_resilience.deploy.schemas import load_crd_schemas, strict_schema
 from ray_resilience.deploy.security_rules import secret_uris, world_writable_commands
 from ray_resilience.deploy.validate import validate_resources
@@ -226,6 +227,12 @@ BROKEN = [
      Rule.REQUESTS_EQUAL_LIMITS, "vpc.amazonaws.com/efa"),
     ("memory-request-without-limit", EKS, lambda d: at(job(d), [*H_RES, "limits"]).pop("memory"),
      Rule.REQUESTS_EQUAL_LIMITS, "requests.memory"),
+    ("local-tier-shm-too-small", EKS, _set([*W_POD, "volumes", 0, "emptyDir", "sizeLimit"],
+     "64Gi"), Rule.LOCAL_TIER, "volumes[0].emptyDir.sizeLimit"),
+    ("local-tier-no-shm-volume", EKS, lambda d: at(job(d), [*W_CONT, "volumeMounts"]).pop(0),
+     Rule.LOCAL_TIER, "volumes"),
+    ("local-tier-bigger-model", CPU, _entry("--model tiny", "--model llama3-8b"),
+     Rule.LOCAL_TIER, "volumes"),
     ("rerun-without-run-name", EKS, _entry("--run_name llama3-8b-p5-run1", ""), Rule.RESUME, ENTRY),
     ("rerun-with-changing-name", EKS, _entry("8b-p5-run1", "$(date +%s)"), Rule.RESUME, ENTRY),
     ("dashboard-node-port", EKS, _set([*HEAD, "serviceType"], "NodePort"),
@@ -528,3 +535,32 @@ def test_secret_uris_mask_the_values() -> None:
     text = f"python x.py --storage_path 's3://b/p?region=us-east-1&secret_key={AWS_SECRET}' --x 1"
     assert secret_uris(text) == [("s3://b/p?region=us-east-1&secret_key=***", ["secret_key"])]
     assert secret_uris("python x.py --storage_path s3://b/p?region=us-east-1") == []
+
+
+def test_local_tier_sizes_match_the_example_models() -> None:
+    """The validator's model table and file size are the models' and the local tier's own."""
+    torch = pytest.importorskip("torch")
+    # After the skip: tests/deploy run without torch.
+    from ray_resilience._internal.checkpoint.rank.local_tier import (  # noqa: PLC0415
+        slot_bytes,
+    )
+    from ray_resilience.examples import hf_llama  # noqa: PLC0415
+    from ray_resilience.examples.llama import PRESETS, Llama  # noqa: PLC0415
+
+    for name, params in MODEL_PARAMS.items():
+        if name in hf_llama.PRESETS:
+            assert hf_llama.num_parameters(hf_llama.llama_config(name)) == params, name
+            continue
+        with torch.device("meta"):
+            model = Llama(PRESETS[name])
+        assert sum(p.numel() for p in model.parameters()) == params, name
+    assert local_file_bytes(6 * 10**9) == slot_bytes(6 * 10**9)
+
+
+def test_local_tier_problem_names_the_numbers(crd_dir: str, stub_jobs_dir: str) -> None:
+    docs = load(EKS)
+    at(job(docs), [*W_POD, "volumes", 0, "emptyDir"])["sizeLimit"] = "64Gi"
+    problem, = check(docs, stub_jobs_dir, crd_dir)
+    text = str(problem)
+    assert "6.02 GB of parameters and AdamW state per rank" in text and "8 rank(s)" in text
+    assert "111Gi" in text and "sizeLimit >= 112Gi" in text and "64Gi" in text

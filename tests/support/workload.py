@@ -9,7 +9,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 import ray_resilience as rr
-from ray_resilience.examples.llama import build_model, causal_lm_loss
+from ray_resilience.examples.llama import build_model, build_sharded, causal_lm_loss, load_or_init
 from ray_resilience.examples.token_data import TokenDataset
 
 BATCH_SIZE = 4
@@ -21,22 +21,32 @@ checkpoint: a resume that does not restore each rank's RNG exactly is not bit-eq
 
 
 def train_loop(cfg: dict) -> dict:
-    """FSDP2 tiny LLaMA; returns the full (gathered) state dict and this rank's process."""
+    """FSDP2 LLaMA (`preset`, default tiny; optional `batch_size`, `seq_len`); returns the full
+    (gathered) state dict and this rank's process."""
     ctx = rr.get_context()
-    model = build_model("tiny", seed=0)
-    for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    preset = cfg.get("preset", "tiny")
+    batch_size, seq_len = cfg.get("batch_size", BATCH_SIZE), cfg.get("seq_len")
+    if cfg.get("meta_init"):  # shards allocated, filled by the checkpoint or the seed's weights
+        model = build_sharded(preset)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+        loaded = load_or_init(model, optimizer, seed=0)
+    else:
+        model = build_model(preset, seed=0)
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+        loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
     data = TokenDataset(cfg["data_dir"])
-    loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
     torch.manual_seed(RNG_SEED + ctx.world_rank)
     start = 0
     if loaded is not None:
         start = loaded.step
         torch.set_rng_state(loaded.extra["rng"])
     for step in range(start + 1, cfg["max_steps"] + 1):
-        inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, BATCH_SIZE)
+        inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, batch_size)
+        if seq_len:
+            inputs, targets = inputs[:, :seq_len], targets[:, :seq_len]
         noise = torch.rand(()).item()
         loss = causal_lm_loss(model(inputs), targets) * (1.0 + NOISE * noise)
         loss.backward()

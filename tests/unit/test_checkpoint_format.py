@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ray_resilience._internal.checkpoint.format import layout
 from ray_resilience._internal.checkpoint.format.commit import commit_step, read_manifest
@@ -183,7 +184,8 @@ def test_safe_reader_loads_and_checks_every_file(storage):
     model, optimizer = _trained(seed=1)
     step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1})
     manifest = read_manifest(storage, step_dir)
-    assert set(manifest.files) == {"__0_0.distcp", "__0_extra.json", ".metadata"}
+    assert set(manifest.files) == {"__0_0.distcp", "__0_extra.json", "__0_items.json",
+                                   ".metadata"}
     fresh_model, fresh_optim = _trained(seed=2)
     state = state_dict_of(fresh_model, fresh_optim)
     with warnings.catch_warnings():
@@ -213,6 +215,43 @@ def test_damaged_shard_is_reported_with_its_path(storage, damage):
     with pytest.raises(CheckpointCorruptError) as info:
         read_verified(storage, step_dir.name, "__0_0.distcp", manifest.files["__0_0.distcp"])
     assert path in str(info.value)
+
+
+def test_a_load_needing_part_of_a_file_reads_and_checks_only_those_bytes(storage, monkeypatch):
+    """The model alone is a third of the file (parameters, then two AdamW moments each): it is
+    read as byte ranges, each checked against the items file's CRC-32C, never the whole file."""
+    model, optimizer = _trained(seed=1)
+    step_dir = write_single_rank(storage, model, optimizer, 10, {})
+    manifest = read_manifest(storage, step_dir)
+    whole, ranges = [], []
+    real_read, real_range = storage.read_bytes, storage.read_range
+    monkeypatch.setattr(storage, "read_bytes", lambda rel: whole.append(rel) or real_read(rel))
+    monkeypatch.setattr(storage, "read_range",
+                        lambda rel, o, n: ranges.append(n) or real_range(rel, o, n))
+    fresh_model, _ = _trained(seed=2)
+    state = {"model": state_dict_of(fresh_model, None)["model"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, storage_reader=StorageShardReader(storage, manifest),
+                 planner=SafeLoadPlanner(), no_dist=True)
+    assert all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
+    assert not any(rel.endswith(".distcp") for rel in whole) and ranges
+    assert 2 * sum(ranges) < manifest.files["__0_0.distcp"].size
+
+    first = min(o for o, n in ((i.offset, i.length) for i in
+                               StorageShardReader(storage, manifest).read_metadata()
+                               .storage_data.values()))
+    with open(storage.path(f"{step_dir.name}/__0_0.distcp"), "r+b") as f:
+        f.seek(first + 600)  # inside the first item, past torch.save's zip header
+        byte = f.read(1)
+        f.seek(first + 600)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CheckpointException, match="the items file says"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load({"model": state_dict_of(fresh_model, None)["model"]},
+                 storage_reader=StorageShardReader(storage, manifest), planner=SafeLoadPlanner(),
+                 no_dist=True)
 
 
 # --- metadata safety --------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""The local tier (`local_tier.py`): per-step snapshots in node-local shared memory.
+"""The local tier's files (`local_tier.py`): snapshots in node-local shared memory, two files
+per rank, a checksum over the data.
 
-One process, no Ray: a plain model and AdamW, restored through the loader's local path
-(`_local_offer`, `_newest_common`, `_try_local`, `_apply`). The FSDP2 runs with real faults
-(`test_inprocess.py`, `test_respawn.py`) check that restarts resume from here, bit-exact.
+One process, no Ray: a plain model and AdamW, snapshotted through staging buffers as the
+pipeline does and restored through the loader's local path (`_local_offer`, `_newest_common`,
+`_try_local`, `_apply`). The FSDP2 runs with real faults (`test_inprocess.py`,
+`test_local_tier_recovery.py`) check that restarts resume from here, bit-exact.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ray_resilience._internal.checkpoint.format.local_roots import (
     remove_stale_roots,
     run_root,
 )
-from ray_resilience._internal.checkpoint.rank import local_tier
+from ray_resilience._internal.checkpoint.rank import local_space, local_tier
 from ray_resilience._internal.checkpoint.rank.loader import (
     LoadTarget,
     _apply,
@@ -30,61 +32,32 @@ from ray_resilience._internal.checkpoint.rank.loader import (
     _newest_common,
     _try_local,
 )
-from ray_resilience._internal.checkpoint.rank.local_tier import HEADER_BYTES, LocalSnapshots
+from ray_resilience._internal.checkpoint.rank.local_tier import (
+    HEADER_BYTES,
+    LocalSnapshots,
+)
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
-from ray_resilience.examples.llama import build_model, causal_lm_loss
+from tests.support.local_snapshots import (
+    _equal,
+    _restore,
+    _save,
+    _state,
+    _step,
+    _trained,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
-    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(seed))
-    causal_lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = build_model("tiny", seed=seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    _step(model, optimizer, 1)
-    return model, optimizer
-
-
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    out = {f"p.{k}": v.detach().clone() for k, v in model.state_dict().items()}
-    for i, entry in enumerate(optimizer.state.values()):
-        out.update({f"o.{i}.{k}": v.clone() for k, v in entry.items() if torch.is_tensor(v)})
-    return out
-
-
-def _equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def _restore(store: LocalSnapshots, model, optimizer):
-    target = LoadTarget(rank=store.rank, storage=None, coordinator=None, memory_tier=False,
-                        model=model, optimizer=optimizer, local=store)
-    offer, own = _local_offer(target)
-    key = _newest_common([offer])
-    if key is None:
-        return None
-    state, loaded, error = _try_local(target, key, own)
-    assert error is None, error
-    _apply(model, optimizer, state)
-    store.keep_only(*key)
-    return loaded
-
-
 def test_restores_the_newest_step_bit_for_bit_and_alternates_files(tmp_path):
     model, optimizer = _trained()
-    store, cache = LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=None), StateCache()
+    store, cache = LocalSnapshots(str(tmp_path / "run"), 0), StateCache()
     expected = {}
     for step in (1, 2, 3):
         _step(model, optimizer, step + 10)
-        assert store.save(step, "s1", cache.source(model, optimizer), encode_extra({"step": step}))
+        assert _save(store, step, "s1", model, optimizer, encode_extra({"step": step}), cache)
         expected[step] = _state(model, optimizer)
     assert sorted(store.available(None)) == [("s1", 2), ("s1", 3)]  # two files, newest two steps
     _step(model, optimizer, 99)  # training moves on after the snapshot: must not reach it
@@ -92,7 +65,7 @@ def test_restores_the_newest_step_bit_for_bit_and_alternates_files(tmp_path):
 
     # A respawned process: fresh objects, a new LocalSnapshots over the same files.
     fresh_model, fresh_opt = _trained(seed=5)
-    store = LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=None)
+    store = LocalSnapshots(str(tmp_path / "run"), 0)
     loaded = _restore(store, fresh_model, fresh_opt)
     assert (loaded.step, loaded.tier, loaded.extra["step"]) == (3, "local", 3)
     assert _equal(_state(fresh_model, fresh_opt), expected[3])
@@ -100,15 +73,15 @@ def test_restores_the_newest_step_bit_for_bit_and_alternates_files(tmp_path):
 
 def test_a_torn_file_is_never_offered_and_the_other_step_is(tmp_path):
     model, optimizer = _trained()
-    store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
     for step in (1, 2):
         _step(model, optimizer, step)
-        store.save(step, "s", cache.source(model, optimizer), b"")
+        _save(store, step, "s", model, optimizer, b"", cache)
     at_1 = _state(model, optimizer)  # step 2's values; step 1's file gets torn below
     # What a SIGKILL in the middle of writing step 3 leaves: the header marked "writing".
     path = tmp_path / "rank0.0"
     with open(path, "r+b") as f:
-        header = json.dumps({"format": "ray_resilience.local/1", "state": "writing"}).encode()
+        header = json.dumps({"format": local_tier.FORMAT, "state": "writing"}).encode()
         f.write(len(header).to_bytes(8, "little") + header)
     assert store.available(None) == [("s", 2)]
     # A header cut short (killed inside the header write) is not offered either.
@@ -117,15 +90,15 @@ def test_a_torn_file_is_never_offered_and_the_other_step_is(tmp_path):
         f.write(b"\0" * 10)
     assert store.available(None) == []
     fresh_model, fresh_opt = _trained(seed=3)
-    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
+    store = LocalSnapshots(str(tmp_path), 0)
     assert _restore(store, fresh_model, fresh_opt) is None
     assert not _equal(_state(fresh_model, fresh_opt), at_1)
 
 
 def test_another_shard_layout_is_not_offered(tmp_path):
     model, optimizer = _trained()
-    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
-    store.save(1, "s", StateCache().source(model, optimizer), b"")
+    store = LocalSnapshots(str(tmp_path), 0)
+    _save(store, 1, "s", model, optimizer, b"")
     other_model, other_opt = torch.nn.Linear(4, 4), None
     target = LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=False,
                         model=other_model, optimizer=other_opt, local=store)
@@ -135,12 +108,12 @@ def test_another_shard_layout_is_not_offered(tmp_path):
 
 def test_keep_only_invalidates_the_abandoned_timeline(tmp_path):
     model, optimizer = _trained()
-    store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
     for step in (4, 5):
-        store.save(step, "old", cache.source(model, optimizer), b"")
+        _save(store, step, "old", model, optimizer, b"", cache)
     store.keep_only("old", 4)
     assert store.available(None) == [("old", 4)]
-    store.save(5, "new", cache.source(model, optimizer), b"")  # takes the freed file
+    _save(store, 5, "new", model, optimizer, b"", cache)  # takes the freed file
     assert sorted(store.available(None)) == [("new", 5), ("old", 4)]
     store.keep_only(None, None)
     assert store.available(None) == []
@@ -152,34 +125,25 @@ def test_ranks_agree_on_the_newest_step_every_rank_holds():
     assert _newest_common([[("a", 7)], [("b", 7)]]) is None  # another timeline's step 7
 
 
-def test_a_state_over_the_cap_skips_the_tier_without_writing(tmp_path, caplog):
-    model, optimizer = _trained()
-    store = LocalSnapshots(str(tmp_path / "run"), 0, max_bytes=1024)
-    with caplog.at_level(logging.INFO, logger=local_tier.__name__):
-        assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
-    assert "local_max_bytes=1024" in store.disabled and "local_max_bytes=1024" in caplog.text
-    assert not (tmp_path / "run").exists()
-
-
 def test_an_unwritable_folder_turns_the_tier_off_with_a_warning(tmp_path, caplog):
     model, optimizer = _trained()
     (tmp_path / "file").write_text("not a folder")
-    store = LocalSnapshots(str(tmp_path / "file" / "run"), 0, max_bytes=None)
+    store = LocalSnapshots(str(tmp_path / "file" / "run"), 0)
     with caplog.at_level(logging.WARNING, logger=local_tier.__name__):
-        assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
-        assert not store.save(2, "s", StateCache().source(model, optimizer), b"")
+        assert not _save(store, 1, "s", model, optimizer, b"")
+        assert not _save(store, 2, "s", model, optimizer, b"")
     assert "file/run" in store.disabled and caplog.text.count("local snapshot tier off") == 1
 
 
 def test_a_full_tmpfs_is_found_before_any_data_is_written(tmp_path, monkeypatch):
     model, optimizer = _trained()
-    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
+    store = LocalSnapshots(str(tmp_path), 0)
 
     def no_space(fd, offset, length):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    assert not store.save(1, "s", StateCache().source(model, optimizer), b"")
+    assert not _save(store, 1, "s", model, optimizer, b"")
     assert "No space left" in store.disabled
     assert not any(p.name.startswith("rank0.") for p in tmp_path.iterdir())  # removed
 
@@ -216,8 +180,8 @@ def test_bad_local_settings_name_the_setting(field, value):
 
 def test_a_header_claiming_more_than_the_file_holds_is_refused_before_reading(tmp_path):
     model, optimizer = _trained()
-    store = LocalSnapshots(str(tmp_path), 0, max_bytes=None)
-    store.save(1, "s", StateCache().source(model, optimizer), b"")
+    store = LocalSnapshots(str(tmp_path), 0)
+    _save(store, 1, "s", model, optimizer, b"")
     path = tmp_path / "rank0.0"
     raw = path.read_bytes()[:HEADER_BYTES]
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
@@ -230,7 +194,7 @@ def test_a_header_claiming_more_than_the_file_holds_is_refused_before_reading(tm
     offer, own = _local_offer(target)
     assert offer == [("s", 1)]
     _, loaded, error = _try_local(target, ("s", 1), own)
-    assert loaded is None and "unreadable" in error
+    assert loaded is None and "claims more bytes than the file holds" in error
 
 
 class _Killed(BaseException):
@@ -239,9 +203,9 @@ class _Killed(BaseException):
 
 def test_a_write_cut_short_leaves_its_file_marked_incomplete(tmp_path, monkeypatch):
     model, optimizer = _trained()
-    store, cache = LocalSnapshots(str(tmp_path), 0, max_bytes=None), StateCache()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
     for step in (1, 2):
-        store.save(step, "s", cache.source(model, optimizer), b"")
+        _save(store, step, "s", model, optimizer, b"", cache)
     real = local_tier._write_all
 
     def half_then_killed(fd, buffers, offset):
@@ -250,5 +214,54 @@ def test_a_write_cut_short_leaves_its_file_marked_incomplete(tmp_path, monkeypat
 
     monkeypatch.setattr(local_tier, "_write_all", half_then_killed)
     with pytest.raises(_Killed):
-        store.save(3, "s", cache.source(model, optimizer), b"")  # overwrites step 1's file
+        _save(store, 3, "s", model, optimizer, b"", cache)  # overwrites step 1's file
     assert store.available(None) == [("s", 2)]  # not step 1's old header over half of step 3
+
+
+def test_a_flipped_byte_in_the_data_is_refused_and_the_other_file_restores(tmp_path):
+    """The header is intact, one byte of the newest file's data is not: the checksum refuses
+    it, and the ranks' newest common step falls back to the other file (no retry, no storage).
+    """
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
+    expected = {}
+    for step in (1, 2):
+        _step(model, optimizer, step + 20)
+        _save(store, step, "s", model, optimizer, encode_extra({"step": step}), cache)
+        expected[step] = _state(model, optimizer)
+    with open(tmp_path / "rank0.1", "r+b") as f:  # step 2's file
+        f.seek(HEADER_BYTES + 1000)
+        byte = f.read(1)
+        f.seek(HEADER_BYTES + 1000)
+        f.write(bytes([byte[0] ^ 0x10]))
+    fresh_model, fresh_opt = _trained(seed=7)
+    target = LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=False,
+                        model=fresh_model, optimizer=fresh_opt, local=store)
+    offer, own = _local_offer(target)
+    assert offer == [("s", 2), ("s", 1)]
+    _, loaded, error = _try_local(target, ("s", 2), own)
+    assert loaded is None and local_space.CHECKSUM in error and "the header says" in error
+    state, loaded, error = _try_local(target, ("s", 1), own)
+    assert error is None and loaded.step == 1
+    _apply(fresh_model, fresh_opt, state)
+    assert _equal(_state(fresh_model, fresh_opt), expected[1])
+
+
+def test_the_capacity_check_names_the_numbers_and_the_fix(tmp_path, monkeypatch):
+    store = LocalSnapshots(str(tmp_path / "run"), 0)
+
+    class _Stat:
+        f_bavail, f_frsize = 1000, 4096  # 4.1 MB free
+
+    monkeypatch.setattr(os, "statvfs", lambda path: _Stat())
+    why = store.capacity_problem(10**6, ranks_on_node=8)
+    assert "8 rank(s)" in why and "0.00 GB free" in why and "sizeLimit" in why
+    assert store.capacity_problem(1000, ranks_on_node=2) is None  # 2 x 2 x ~70 KB fit
+
+
+def test_a_memory_limit_counts_against_the_tier(tmp_path):
+    (tmp_path / "memory.max").write_text(str(10 * 2**20))
+    (tmp_path / "memory.current").write_text(str(8 * 2**20))
+    assert local_space.memory_headroom(str(tmp_path)) == 2 * 2**20
+    (tmp_path / "memory.max").write_text("max")
+    assert local_space.memory_headroom(str(tmp_path)) is None

@@ -69,7 +69,7 @@ def test_a_trainer_without_resilience_is_resilient():
     t = _trainer()
     assert t.resilience.in_process is not None and t.resilience.in_job is not None
     assert t.resilience.checkpoint.interval_steps == DEFAULT_CHECKPOINT_INTERVAL_STEPS == 100
-    assert t.resilience.checkpoint.local_interval_steps == 1
+    assert t.resilience.checkpoint.local_interval_steps == "auto"
     off = _trainer(resilience=rr.ResilienceConfig.disabled())
     assert off.resilience.in_process is None and off.resilience.checkpoint is None
 

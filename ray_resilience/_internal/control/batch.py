@@ -91,8 +91,10 @@ class ProgressFolder:
             if old is None or (old.attempt, old.sent_at) <= (attempt, sent_at):
                 self._beats[rank] = beat
             for ev in events:
-                if ev.get("phase") != "in_phase":
-                    batch.events.append((attempt, ev))
+                if ev.get("phase") == "in_phase":
+                    continue  # "still inside a phase": the supervisor's status, not a record
+                batch.events.append((attempt, ev))
+                if ev.get("phase") != "local_tier":  # a tier decision, not a timed phase
                     self._observe_phase(attempt, ev)
             for rec in metrics:
                 self._add_report(attempt, rec)

@@ -378,7 +378,8 @@ class Worker:
             current.close()
 
         self._checkpointer = RankCheckpointer(spec.checkpoint_spec, rank=spec.rank,
-                                              world_size=spec.world_size)
+                                              world_size=spec.world_size,
+                                              ranks_on_node=spec.local_world_size)
 
     def shutdown(self) -> None:
         """Releases what the rank holds; the actor is killed right after."""

@@ -93,8 +93,42 @@ class RunCheckpoints:
         service.shutdown()
 
     def summary(self) -> dict[str, Any] | None:
-        """`Result.checkpoint`: the newest commit, the loads and phases, the final counters."""
+        """`Result.checkpoint`: the newest commit, the loads and phases, restore seconds per
+        tier, the local tier's interval decisions, the final counters."""
         if not self._started:
             return None
         return {"latest_committed_step": self.last_commit, "loads": self._record.loads,
-                "phases": self._record.phases, "stats": self._final_stats}
+                "phases": self._record.phases, "stats": self._final_stats,
+                "restore_s": restore_seconds(self._record.loads),
+                "local_tier": local_tier_summary(self._record.local_tier)}
+
+
+def restore_seconds(loads: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per tier ("local", "memory", "storage"), the seconds of each restore: the slowest rank's
+    load in each attempt that restored from it."""
+    slowest: dict[tuple[int, str], float] = {}
+    for load in loads:
+        tier = load.get("tier")
+        if tier is None or load.get("t_end") is None:
+            continue
+        key = (load.get("attempt", 0), tier)
+        slowest[key] = max(slowest.get(key, 0.0), load["t_end"] - load["t_start"])
+    out: dict[str, list[float]] = {}
+    for (_, tier), seconds in sorted(slowest.items()):
+        out.setdefault(tier, []).append(seconds)
+    return out
+
+
+def local_tier_summary(decisions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest interval every rank agreed on, and every decision (rank 0's, or any rank's
+    that turned the tier off)."""
+    if not decisions:
+        return None
+    kept = [d for d in decisions if d.get("rank") == 0 or d.get("off")]
+    newest = kept[-1] if kept else decisions[-1]
+    return {"interval_steps": newest["interval_steps"], "mode": newest["mode"],
+            "off": newest.get("off"), "cost_s": newest.get("cost_s"),
+            "step_s": newest.get("step_s"), "budget": newest.get("budget"),
+            "state_bytes": newest.get("state_bytes"),
+            "decisions": [{k: v for k, v in d.items() if k not in ("phase", "t_end")}
+                          for d in kept]}

@@ -83,6 +83,9 @@ class RunRecord:
         init_process_group, checkpoint_load, user phases)."""
         self.loads: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PHASES_KEPT)
         """The newest checkpoint loads ranks reported (attempt, rank, tier, step, seconds)."""
+        self.local_tier: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=MAX_PHASES_KEPT)
+        """The newest local-tier interval decisions ranks reported (`LocalSchedule`)."""
 
     # --- rank statuses ------------------------------------------------------------------------
 
@@ -194,6 +197,9 @@ class RunRecord:
 
     def _add_event(self, attempt: int, ev: dict[str, Any]) -> None:
         """A timed phase reported by a rank; the first checkpoint load of a recovery is emitted."""
+        if ev.get("phase") == "local_tier":
+            self.local_tier.append({**ev, "attempt": attempt})
+            return
         self.phases.append({**ev, "attempt": attempt})
         if ev.get("phase") != "checkpoint_load":
             return

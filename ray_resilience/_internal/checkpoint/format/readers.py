@@ -1,5 +1,6 @@
 """DCP storage readers: a committed step in storage (checksums verified, metadata unpickled
-safely) and a rank's snapshot in writer memory; byte items load with `weights_only=True`.
+safely; only the byte ranges a rank needs when that is under half a file) and a rank's snapshot
+in writer memory; byte items load with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -102,13 +103,11 @@ class StorageShardReader(_ReaderBase):
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for name, reqs in per_file.items():
-            data, where = self._read(name), self.storage.display(f"{self.folder}/{name}")
+            where = self.storage.display(f"{self.folder}/{name}")
+            parts = self._parts(name, reqs)
             for req in reqs:
                 info = self.storage_data[req.storage_index]
-                if info.offset < 0 or info.offset + info.length > len(data):
-                    raise CheckpointCorruptError(
-                        where, f"{req.storage_index.fqn}: item lies outside the file")
-                chunk = io.BytesIO(data[info.offset:info.offset + info.length])
+                chunk = io.BytesIO(parts(info.offset, info.length, req.storage_index.fqn))
                 if req.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(req, chunk)
                 else:
@@ -117,6 +116,36 @@ class StorageShardReader(_ReaderBase):
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def _parts(self, name: str, reqs: list[ReadItem]) -> Any:
+        """`get(offset, length, fqn)` for the items of `name` this load needs: sliced from the
+        whole file (its CRC32 checked), or, when they are under half of it (a rank of a smaller
+        world reading its share of another rank's file) and the step has an items file, read
+        one by one and each checked against its CRC-32C."""
+        where = self.storage.display(f"{self.folder}/{name}")
+        spans = {(i.offset, i.length) for i in (self.storage_data[r.storage_index] for r in reqs)}
+        digest = self.manifest.files.get(name)
+        rank = layout.file_rank(name)
+        items = None if rank is None else layout.items_file_name(rank)
+        if digest is None or items not in self.manifest.files \
+                or 2 * sum(n for _, n in spans) >= digest.size:
+            data = self._read(name)
+
+            def sliced(offset: int, length: int, fqn: str) -> memoryview:
+                if offset < 0 or offset + length > len(data):
+                    raise CheckpointCorruptError(where, f"{fqn}: item lies outside the file")
+                return data[offset:offset + length]
+            return sliced
+        table = shard_io.item_checksums(self._read(items),
+                                        where=self.storage.display(f"{self.folder}/{items}"))
+        cache: dict[tuple[int, int], memoryview] = {}
+
+        def ranged(offset: int, length: int, fqn: str) -> memoryview:
+            if (offset, length) not in cache:
+                cache[(offset, length)] = shard_io.read_item(
+                    self.storage, self.folder, name, offset, length, table.get(offset))
+            return cache[(offset, length)]
+        return ranged
 
 
 class MemoryShardReader(_ReaderBase):

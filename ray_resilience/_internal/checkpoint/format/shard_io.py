@@ -1,10 +1,12 @@
 """A rank's files in a step folder: the DCP data file (as torch's `FileSystemWriter` writes
-it) and the extra-state file, with CRC32s.
+it), the extra-state file, and the items file (a CRC-32C per item, so a rank that needs only
+part of a data file reads and checks just that part); each with a whole-file CRC32.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import warnings
 import zlib
 from typing import Any
@@ -15,7 +17,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import WriteItem
 
-from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience._internal.checkpoint.format import checksum, layout
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.wire import (
     FileDigest,
@@ -31,6 +33,8 @@ class _DigestStream:
 
     def __init__(self, out: Any) -> None:
         self._out, self.size, self.crc32 = out, 0, 0
+        self.item_crc = 0
+        """The checksum (`checksum.CHECKSUM`) of what was written since it was last reset."""
         self.error: BaseException | None = None
 
     def write(self, data: Any) -> int:
@@ -41,6 +45,7 @@ class _DigestStream:
             self.error = exc  # torch.save's zip writer replaces it with a vague RuntimeError
             raise
         self.crc32 = zlib.crc32(view, self.crc32)
+        self.item_crc = checksum.checksum(checksum.CHECKSUM, view, self.item_crc)
         self.size += len(view)
         return len(view)
 
@@ -90,7 +95,7 @@ def write_shard(
     folder = ticket.dir_name
     storage.make_dir(folder)
     data_name = layout.data_file_name(ticket.rank)
-    written, infos = [], {}
+    written, infos, item_crcs = [], {}, []
     with storage.open_output(f"{folder}/{data_name}") as out:
         stream = _DigestStream(out)
         arrays, blobs = iter(payload.arrays), iter(payload.blobs)
@@ -98,18 +103,54 @@ def write_shard(
             data = next(arrays) if is_tensor_item(item) else next(blobs)
             if not owned:
                 continue
-            offset = stream.size
+            offset, stream.item_crc = stream.size, 0
             if is_tensor_item(item):
                 _save_tensor(as_tensor(data, item), stream)
             else:
                 stream.write(data)
             written.append(item)
             infos[item.index] = _StorageInfo(data_name, offset, stream.size - offset)
-    extra_name = layout.extra_file_name(ticket.rank)
-    with storage.open_output(f"{folder}/{extra_name}") as out:
-        extra_stream = _DigestStream(out)
-        extra_stream.write(payload.extra)
-    return {data_name: stream.digest, extra_name: extra_stream.digest}, written, infos
+            item_crcs.append([offset, stream.size - offset, stream.item_crc])
+    digests = {data_name: stream.digest}
+    for name, content in ((layout.extra_file_name(ticket.rank), payload.extra),
+                          (layout.items_file_name(ticket.rank), json.dumps(
+                              {"checksum": checksum.CHECKSUM, "items": item_crcs}).encode())):
+        with storage.open_output(f"{folder}/{name}") as out:
+            side = _DigestStream(out)
+            side.write(content)
+        digests[name] = side.digest
+    return digests, written, infos
+
+
+def item_checksums(data: memoryview, *, where: str) -> dict[int, tuple[int, str, int]]:
+    """offset -> (length, checksum name, value) from a rank's items file."""
+    try:
+        doc = json.loads(bytes(data))
+        name = doc["checksum"]
+        table = {int(o): (int(n), name, int(c)) for o, n, c in doc["items"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointCorruptError(where, f"unreadable item checksums ({exc})") from None
+    if not checksum.known_checksum(name):
+        raise CheckpointCorruptError(where, f"unknown checksum {name!r}")
+    return table
+
+
+def read_item(storage: CheckpointStorage, folder: str, name: str, offset: int, length: int,
+              expected: tuple[int, str, int] | None) -> memoryview:
+    """`length` bytes at `offset` of a data file, checked against its item checksum."""
+    where = storage.display(f"{folder}/{name}")
+    if expected is None or expected[0] != length:
+        raise CheckpointCorruptError(where, f"no item checksum for the {length} bytes at {offset}")
+    data = storage.read_range(f"{folder}/{layout.check_file_name(name, where=where)}", offset,
+                              length)
+    if len(data) != length:
+        raise CheckpointCorruptError(where, f"{len(data)} bytes at {offset}, expected {length}")
+    actual = checksum.checksum(expected[1], data)
+    if actual != expected[2]:
+        raise CheckpointCorruptError(where, f"{expected[1]} of the {length} bytes at {offset} is "
+                                            f"{actual:#010x}, the items file says "
+                                            f"{expected[2]:#010x}")
+    return data
 
 
 def read_verified(storage: CheckpointStorage, folder: str, name: str,

@@ -116,6 +116,11 @@ class CheckpointStorage:
                 raise
 
 
+    def read_range(self, rel: str, offset: int, length: int) -> memoryview:
+        """`length` bytes of a file from `offset` (one ranged read; the rest is never fetched)."""
+        with self._errors(rel, "read"), self.fs.open_input_file(self.path(rel)) as f:
+            return memoryview(f.read_at(length, offset))
+
     def make_dir(self, rel: str) -> None:
         if self.is_local:  # object stores have no folders to create
             with self._errors(rel, "create the folder"):

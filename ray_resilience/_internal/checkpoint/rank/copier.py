@@ -84,6 +84,8 @@ class Copier:
         self._stream: Any = None
         self._hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._unreported_wait_s = 0.0
+        self.guard_wait_total_s = 0.0
+        """Every guard wait so far (read by the local tier's schedule)."""
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"rr-ckpt-copy-r{rank}", daemon=True)
         self._thread.start()
@@ -136,6 +138,7 @@ class Copier:
             if waited > GUARD_WAIT_REPORTED_S:
                 self._stats.guard_wait_s.append(waited)
                 self._unreported_wait_s += waited
+                self.guard_wait_total_s += waited
 
 
     def settle_gpu(self, slot: Slot) -> None:
@@ -170,7 +173,9 @@ class Copier:
                 if self._delay_s:
                     time.sleep(self._delay_s)  # tests widen the window the guard must cover
                 if job.check_storage():
+                    cpu = time.thread_time()
                     job.slot.buffers.copy_now(job.source.tensors, job.which)
+                    job.slot.copy_cpu_s = time.thread_time() - cpu
             except Exception as exc:  # noqa: BLE001 - a failed copy loses this save only
                 job.error = f"the copy failed: {type(exc).__name__}: {exc}"
             with self._cond:

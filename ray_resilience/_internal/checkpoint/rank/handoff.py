@@ -17,7 +17,14 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot
 from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
-from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, Slot, SlotPool, SlotState
+from ray_resilience._internal.checkpoint.rank.local_writer import LocalWriter
+from ray_resilience._internal.checkpoint.rank.slots import (
+    LocalWrite,
+    RankSaveStats,
+    Slot,
+    SlotPool,
+    SlotState,
+)
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
 from ray_resilience._internal.checkpoint.service.rounds import RoundResult
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
@@ -74,7 +81,8 @@ class HandoffPipeline:
     """One rank's saves after the training thread let go of them."""
 
     def __init__(self, *, rank: int, world_size: int, config: CheckpointConfig, link: WriterLink,
-                 stats: RankSaveStats, copy_delay_s: float = 0.0) -> None:
+                 stats: RankSaveStats, copy_delay_s: float = 0.0, local: Any = None,
+                 schedule: Any = None) -> None:
         self.rank, self.world_size, self.config = rank, world_size, config
         self.link, self.stats = link, stats
         # One lock, a condition per thread: a save wakes only the thread that has work.
@@ -84,6 +92,9 @@ class HandoffPipeline:
         self.pool = SlotPool()
         self.copier = Copier(rank=rank, cond=self.cond, stats=stats, done=self._copied,
                              delay_s=copy_delay_s)
+        self.local = None if local is None else LocalWriter(
+            rank=rank, lock=lock, store=local, schedule=schedule, written=self._local_written,
+            settle_gpu=self.copier.settle_gpu)
         self.session: str | None = None
         self.writing: SaveTicket | None = None
         self._rounds: collections.deque[_Round] = collections.deque()
@@ -111,42 +122,66 @@ class HandoffPipeline:
             self.cond.notify_all()
 
     def stage(self, step: int, source: SaveSource, extra: ExtraSnapshot, *,
-              copy_all_now: bool) -> bool:
-        """Takes the snapshot of `step` (or skips it, per policy) and queues its round."""
-        policy = self.config.in_flight_policy
+              copy_all_now: bool, save: bool = True, local: LocalWrite | None = None) -> bool:
+        """Takes the snapshot of `step` for a save (or skips it, per policy) and queues its round,
+        and/or for the local tier (`local`); whether the save (else the local snapshot) was
+        taken."""
+        policy, save_step = self.config.in_flight_policy, save
         with self.cond:
             slot = None
-            if policy == "skip" and (self.pool.busy() or self.writing is not None or self._rounds):
+            if save and policy == "skip" and self.busy():
                 self.stats.counts["skipped"] += 1
-            else:
-                slot, withdrawn = self.pool.acquire(source.items, source.tensors,
-                                                    may_withdraw=policy == "coalesce")
-                if withdrawn is not None:
-                    self._withdraw(withdrawn)
+                save = False
+            if save or local is not None:
+                slot = self._acquire(source, save=save, local=local is not None)
                 if slot is None:
-                    self.stats.counts["skipped"] += 1  # every slot still in use: never wait
-            rnd = _Round(self.session, step, slot, source.plan_id, source.keys)
-            if slot is None:
-                self._rounds.append(rnd)
+                    self.stats.counts["skipped" if save else "local_skipped"] += 1
+            rnd = _Round(self.session, step, slot if save else None, source.plan_id, source.keys)
+            if save_step and (slot is None or not save):
+                self._rounds.append(rnd)  # this rank votes "not ready"
                 self.cond.notify_all()
+            if slot is None:
                 return False
-            slot.ticket = SaveTicket(session=self.session, step=step, rank=self.rank,
-                                     world_size=self.world_size, items=source.items, owned=[],
-                                     planner_data=source.planner_data, staged_at=time.time(),
-                                     plan_id=source.plan_id)
-            slot.state, slot.blobs, slot.extra = SlotState.COPYING, source.blobs, extra
+            if save:
+                slot.ticket = SaveTicket(session=self.session, step=step, rank=self.rank,
+                                         world_size=self.world_size, items=source.items, owned=[],
+                                         planner_data=source.planner_data,
+                                         staged_at=time.time(), plan_id=source.plan_id)
+            slot.state, slot.blobs, slot.extra, slot.local = (SlotState.COPYING, source.blobs,
+                                                              extra, local)
         # Queued after the synchronous copy, waking one thread (the copier, or the rounds thread).
         later = [] if copy_all_now else source.overlap
         now = list(range(len(source.tensors))) if copy_all_now else source.immediate
         slot.buffers.copy_now(source.tensors, now)
         with self.cond:
-            self._rounds.append(rnd)
+            if save:
+                self._rounds.append(rnd)
             if later:  # wakes the copier alone; its completion wakes the rounds thread
                 self.copier.submit(new_job(slot, source, later))
+                if slot.event is not None and local is not None and self.local is not None:
+                    self.local.watch_gpu(slot)
             else:
                 self._copied(slot, None)
-        self.stats.counts["staged"] += 1
-        return True
+        self.stats.counts["staged" if save else "local_staged"] += 1
+        return save or not save_step
+
+    def _acquire(self, source: SaveSource, *, save: bool, local: bool) -> Slot | None:
+        """A slot for the snapshot (caller holds the condition). A save never waits for one (its
+        policy decides); a local step waits for the local writer to free one, because every
+        local step must be written for a restart to redo at most the interval (the wait is
+        charged to the tier's cost)."""
+        deadline = time.monotonic() + self.config.write_timeout_s
+        while True:
+            slot, withdrawn = self.pool.acquire(
+                source.items, source.tensors,
+                may_withdraw=save and self.config.in_flight_policy == "coalesce")
+            if withdrawn is not None:
+                self._withdraw(withdrawn)
+            left = deadline - time.monotonic()
+            if slot is not None or not local or self._closed or left <= 0:
+                return slot
+            self.stats.counts["local_slot_waits"] += 1
+            self.cond.wait(min(left, self.config.warn_interval_s))
 
     def _withdraw(self, slot: Slot) -> None:
         for rnd in self._rounds:
@@ -157,6 +192,18 @@ class HandoffPipeline:
 
     def busy(self) -> bool:
         return self.pool.busy() or self.writing is not None or bool(self._rounds)
+
+    def wait_local_idle(self, timeout_s: float) -> bool:
+        """Waits until every local snapshot staged so far is on file (or dropped); False on
+        timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while any(s.local is not None for s in self.pool.slots) and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
 
     def wait_idle(self, timeout_s: float | None, *, why: str) -> bool:
         """Waits until nothing is staged, voted on or being written; warns periodically."""
@@ -185,6 +232,8 @@ class HandoffPipeline:
             self.cond.notify_all()
             self._handed_cond.notify_all()
         self.copier.close()
+        if self.local is not None:
+            self.local.close()
         for thread in self._threads:
             thread.join(timeout=_writer_poll_s() + _vote_wait_s() + 5.0)
 
@@ -192,10 +241,22 @@ class HandoffPipeline:
     def _copied(self, slot: Slot, torn: str | None) -> None:
         if torn is not None:
             self.stats.counts["torn"] += 1
-        if slot.ticket is None or slot.ticket.session != self.session or self._closed:
-            slot.release()  # a new session began while it was being copied
+        if slot.local is not None and torn is None and self.local is not None \
+                and not self._closed:
+            slot.state = SlotState.LOCAL
+            self.local.submit(slot)
+        elif slot.ticket is None or slot.ticket.session != self.session or self._closed:
+            slot.release()  # local only and torn, or a new session began while it was copied
         else:
             slot.state, slot.torn = SlotState.STAGED, torn
+        self.cond.notify_all()
+
+    def _local_written(self, slot: Slot) -> None:
+        slot.local = None
+        if slot.ticket is None or slot.ticket.session != self.session or self._closed:
+            slot.release()
+        else:
+            slot.state = SlotState.STAGED
         self.cond.notify_all()
 
 
@@ -240,6 +301,9 @@ class HandoffPipeline:
                     self.copier.settle_gpu(slot)
                 else:
                     self.cond.wait()
+                continue
+            if slot.state is SlotState.LOCAL:
+                self.cond.wait()
                 continue
             if slot.torn is not None:
                 return False
@@ -295,6 +359,7 @@ class HandoffPipeline:
     def _hand_off(self, slot: Slot, owned: tuple[bool, ...]) -> None:
         ticket = dataclasses.replace(slot.ticket, owned=list(owned))
         try:
+            slot.wait_copied()  # on GPU the guard may have let the slot go before its copy ended
             ref = ray.put(slot.buffers.payload(slot.blobs, slot.extra.encode()))
         except Exception as exc:  # noqa: BLE001 - a failed hand-off loses this save only
             with self.cond:

@@ -65,19 +65,22 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
     names = gathered[0][0]
     candidates = [d for d in map(layout.parse_step_dir, names) if d is not None]
     failures = []
-    common = _newest_common([g[1] for g in gathered])
-    if common is not None and (not candidates or common[1] >= candidates[0].step):
+    # Newest first: a damaged newest file falls back to the other file, no retry needed.
+    for common in _common_newest_first([g[1] for g in gathered]):
+        if candidates and common[1] < candidates[0].step:
+            break
         state, loaded, error = _try_local(target, common, own)
         if agreement.all_true(loaded is not None):
             _apply(target.model, target.optimizer, state)
             target.local.keep_only(*common)
+            loaded = dataclasses.replace(loaded, fallbacks=tuple(failures))
             logger.info("rank %d: resumed from step %d (local tier)", target.rank, loaded.step)
             return loaded
         errors = agreement.gather(error)
         reason = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e) or "unknown error"
         failures.append(f"local step {common[1]} ({reason})")
         logger.warning("rank %d: local snapshot of step %d is not loadable on every rank (%s); "
-                       "loading the newest committed step", target.rank, common[1], reason)
+                       "trying the next newest step", target.rank, common[1], reason)
     if target.local is not None:  # what follows starts a new timeline: no old file may mix in
         target.local.keep_only(None, None)
     for step_dir in candidates:
@@ -109,10 +112,15 @@ def _local_offer(target: LoadTarget) -> tuple[list[tuple[str, int]], tuple[list,
     return [(s.session, s.step) for s in slots if s.layout == digest], (items, digest)
 
 
+def _common_newest_first(offers: list[list[tuple[str, int]]]) -> list[tuple[str, int]]:
+    """The (session, step)s every rank offered, newest first."""
+    common = set.intersection(*(set(map(tuple, o)) for o in offers)) if offers else set()
+    return sorted(common, key=lambda key: key[1], reverse=True)
+
+
 def _newest_common(offers: list[list[tuple[str, int]]]) -> tuple[str, int] | None:
     """The newest (session, step) every rank offered."""
-    common = set.intersection(*(set(map(tuple, o)) for o in offers)) if offers else set()
-    return max(common, key=lambda key: key[1]) if common else None
+    return next(iter(_common_newest_first(offers)), None)
 
 
 def _try_local(target: LoadTarget, key: tuple[str, int], own: tuple[list, str] | None,

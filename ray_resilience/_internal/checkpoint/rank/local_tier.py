@@ -1,39 +1,41 @@
-"""The local tier: each rank's state at every local step in one of two files in node-local
-shared memory, so a restart on the same node redoes at most one step.
+"""The local tier's files: each rank's newest local steps in two files in node-local shared
+memory, so a restart on the same node redoes at most one local interval.
 
-A file is a 4 KiB JSON header and the raw bytes; the header says "writing" until the data is in,
-so a killed writer leaves a file that is recognisably incomplete. Nothing is unpickled. Format
-and reasons: docs/design.md, section 8.
+A file is a 4 KiB JSON header and the raw bytes; the header says "writing" until the data is in
+and then carries a CRC-32C of the data, so neither a killed writer nor a flipped byte is ever
+loaded. Nothing is unpickled. Format and reasons: docs/design.md, section 8.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import json
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ray_resilience._internal.checkpoint.rank import local_space
 from ray_resilience._internal.checkpoint.wire import ShardPayload, layout_key
+from ray_resilience.checkpoint.errors import CheckpointCorruptError
+
+if TYPE_CHECKING:
+    from ray_resilience._internal.checkpoint.rank.slots import LocalWrite
 
 logger = logging.getLogger(__name__)
 
 HEADER_BYTES = 4096
-FORMAT = "ray_resilience.local/1"
+FORMAT = "ray_resilience.local/2"
 IOV_MAX = 512
 """Buffers per `pwritev` call (Linux allows 1024)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class LocalSlot:
+class LocalSlot(NamedTuple):
     """A complete snapshot in one of a rank's two files."""
 
-    slot: int
     session: str
     step: int
     layout: str
@@ -45,82 +47,56 @@ def layout_digest(items: list) -> str:
 
 
 class LocalSnapshots:
-    """One rank's two snapshot files. Used from the rank's training thread only."""
+    """One rank's two snapshot files. Written by one thread at a time (the pipeline's local
+    writer, or the training thread while it loads)."""
 
-    def __init__(self, root: str, rank: int, *, max_bytes: int | None) -> None:
-        self.root, self.rank, self.max_bytes = root, rank, max_bytes
+    def __init__(self, root: str, rank: int) -> None:
+        self.root, self.rank = root, rank
         self._fds: list[int | None] = [None, None]
         self._capacity = [0, 0]
         self._newest: int | None = None
         """The slot this process last wrote or restored from; the next write takes the other."""
-        self._views_key: Any = None
-        self._views: list[np.ndarray] = []
-        self._digests: dict[int, tuple[Any, str]] = {}
         self.disabled: str | None = None
         self.saved = 0
         self.bytes_per_slot = 0
 
-
-    def save(self, step: int, session: str, source: Any, extra: bytes) -> bool:
-        """Writes `source` (a `SaveSource`) and `extra` as the snapshot of `step`; False when the
-        tier is (or just got) turned off."""
+    def write(self, target: LocalWrite, tensors: list[Any], blobs: list[bytes],
+              extra: bytes) -> bool:
+        """Writes a snapshot (tensor bytes back to back, byte items, extra state) into the file
+        not holding the newest one; False when the tier is (or just got) turned off."""
         if self.disabled is not None:
             return False
-        if self.max_bytes is not None and source.tensor_bytes > self.max_bytes:
-            self._disable(f"this rank's state is {source.tensor_bytes} bytes, over "
-                          f"CheckpointConfig.local_max_bytes={self.max_bytes}; raise it (and maybe "
-                          "local_interval_steps) to keep a local snapshot", warn=False)
-            return False
-        views = self._tensor_views(source)
-        buffers = [*views, *source.blobs, extra]
-        size = sum(b.nbytes if isinstance(b, np.ndarray) else len(b) for b in buffers)
+        buffers = [*tensors, *blobs, extra]
+        size = sum(_nbytes(b) for b in buffers)
         slot = 0 if self._newest is None else 1 - self._newest
-        header = {"format": FORMAT, "state": "complete", "rank": self.rank, "session": session,
-                  "step": int(step), "layout": self._digest(source.items),
-                  "tensor_bytes": int(source.tensor_bytes), "blobs": [len(b) for b in source.blobs],
-                  "extra": len(extra), "time": time.time()}
+        header = {"format": FORMAT, "state": "complete", "rank": self.rank,
+                  "session": target.session, "step": int(target.step), "layout": target.layout,
+                  "tensor_bytes": int(sum(_nbytes(t) for t in tensors)),
+                  "blobs": [len(b) for b in blobs], "extra": len(extra),
+                  "checksum": local_space.CHECKSUM, "time": time.time()}
         try:
             fd = self._file(slot, size)
             os.pwrite(fd, _encode_header({"format": FORMAT, "state": "writing"}), 0)
-            _write_all(fd, buffers, HEADER_BYTES)
+            header["crc"] = _write_all(fd, buffers, HEADER_BYTES)
             os.pwrite(fd, _encode_header(header), 0)
         except OSError as exc:
-            self._disable(f"writing {self._path(slot)} failed: {exc}", warn=True)
+            self.disable(f"writing {self._path(slot)} failed: {exc}", warn=True)
             return False
         self._newest = slot
         self.saved += 1
         return True
 
-    def _tensor_views(self, source: Any) -> list[np.ndarray]:
-        """Flat uint8 views of the live tensors (built once per plan)."""
-        if self._views_key is not None and self._views_key[0] is source.tensors:
-            return self._views
-        views = []
-        for tensor in source.tensors:
-            t = tensor.detach()
-            if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
-                views = None  # copied at every save: no view of these stays current
-                break
-            views.append(t.reshape(-1).view(_uint8()).numpy() if t.numel()
-                         else np.empty(0, np.uint8))
-        if views is None:
-            return [t.detach().resolve_conj().resolve_neg().contiguous().cpu().reshape(-1)
-                    .view(_uint8()).numpy() for t in source.tensors]
-        self._views_key, self._views = (source.tensors,), views
-        return views
-
-    def _digest(self, items: list) -> str:
-        cached = self._digests.get(id(items))
-        if cached is None or cached[0] is not items:
-            cached = self._digests[id(items)] = (items, layout_digest(items))
-        return cached[1]
+    def capacity_problem(self, size: int, ranks_on_node: int) -> str | None:
+        """Why two files of a `size`-byte snapshot for each of `ranks_on_node` ranks would not
+        fit in the tmpfs (or the memory limit it is charged to); None when they fit."""
+        return local_space.capacity_problem(self.root, slot_bytes(size), ranks_on_node)
 
     def _file(self, slot: int, size: int) -> int:
         fd = self._fds[slot]
         if fd is not None and self._capacity[slot] >= HEADER_BYTES + size:
             return fd
         os.makedirs(self.root, exist_ok=True)
-        capacity = HEADER_BYTES + size + size // 8 + 65536  # room for extra state to grow
+        capacity = slot_bytes(size)
         if fd is None:
             fd = os.open(self._path(slot), os.O_RDWR | os.O_CREAT, 0o600)
             self._fds[slot] = fd
@@ -133,65 +109,73 @@ class LocalSnapshots:
     def _path(self, slot: int) -> str:
         return os.path.join(self.root, f"rank{self.rank}.{slot}")
 
-    def _disable(self, why: str, *, warn: bool) -> None:
+    def disable(self, why: str, *, warn: bool) -> None:
+        """Turns the tier off for this rank (its files are removed), logging `why` once."""
+        if self.disabled is not None:
+            return
         self.disabled = why
         (logger.warning if warn else logger.info)(
             "rank %d: local snapshot tier off for this run (%s); restarts load committed "
             "checkpoints", self.rank, why)
-        self.close(remove=warn)
-
+        self.close(remove=True)
 
     def slots(self) -> list[LocalSlot]:
-        """This rank's complete snapshots (one header read per file)."""
-        return [found[0] for found in map(self._read_header, (0, 1)) if found is not None]
+        """This rank's complete snapshots, newest first (one header read per file; the data is
+        checked when read)."""
+        found = [h for h in map(self._read_header, (0, 1)) if h is not None]
+        found.sort(key=lambda h: h["step"], reverse=True)
+        return [LocalSlot(h["session"], h["step"], h["layout"]) for h in found]
 
     def available(self, layout: str | None) -> list[tuple[str, int]]:
         """(session, step) of each complete snapshot with shard layout `layout` (None: any)."""
-        return [(s.session, s.step) for s in self.slots() if layout in (None, s.layout)]
+        return [(s, step) for s, step, digest in self.slots() if layout in (None, digest)]
 
     def read(self, session: str, step: int, layout: str, tensor_sizes: list[int]) -> Any | None:
-        """The snapshot of (`session`, `step`) as a `ShardPayload` laid out by the reader's plan,
-        or None when no file holds it intact."""
+        """The snapshot of (`session`, `step`) as a `ShardPayload` laid out by the reader's plan;
+        None when no file holds it; `CheckpointCorruptError` when its file fails a check."""
         for slot in (0, 1):
-            found = self._read_header(slot)
-            if found is None:
+            header = self._read_header(slot)
+            if header is None or (header["session"], header["step"], header["layout"]) \
+                    != (session, step, layout):
                 continue
-            info, header = found
-            if (info.session, info.step, info.layout) != (session, step, layout):
-                continue
+            where = self._path(slot)
             if header["tensor_bytes"] != sum(tensor_sizes):
-                return None
-            length = header["tensor_bytes"] + sum(header["blobs"]) + header["extra"]
-            with open(self._path(slot), "rb", buffering=0) as f:
-                if HEADER_BYTES + length > os.fstat(f.fileno()).st_size:
-                    return None  # a header that claims more than the file holds
-                data = bytearray(length)
-                f.seek(HEADER_BYTES)
-                if f.readinto(data) != length:
-                    return None
-            again = self._read_header(slot)  # a stale writer (a hung rank not yet gone)?
-            if again is None or again[1] != header:
-                return None
-            at = sum(tensor_sizes)
-            blobs = []
-            for n in header["blobs"]:
-                blobs.append(bytes(data[at:at + n]))
-                at += n
+                raise CheckpointCorruptError(where, f"holds {header['tensor_bytes']} tensor "
+                                                    f"bytes, the save plan has {sum(tensor_sizes)}")
+            data = self._read_data(where, header)
+            if self._read_header(slot) != header:  # a stale writer (a hung rank not yet gone)?
+                raise CheckpointCorruptError(where, "the file was rewritten while it was read")
             self._newest = slot
-            return ShardPayload.packed(np.frombuffer(data, np.uint8), tensor_sizes, blobs,
-                                       bytes(data[at:at + header["extra"]]))
+            return _payload(data, tensor_sizes, header)
         return None
+
+    def _read_data(self, where: str, header: dict) -> bytearray:
+        length = header["tensor_bytes"] + sum(header["blobs"]) + header["extra"]
+        with open(where, "rb", buffering=0) as f:
+            if HEADER_BYTES + length > os.fstat(f.fileno()).st_size:
+                raise CheckpointCorruptError(where, "the header claims more bytes than the file "
+                                                    "holds (unreadable)")
+            data = bytearray(length)
+            f.seek(HEADER_BYTES)
+            if f.readinto(data) != length:
+                raise CheckpointCorruptError(where, "the file ended early (unreadable)")
+        actual = local_space.checksum(header["checksum"], data)
+        if actual != header["crc"]:
+            raise CheckpointCorruptError(where, f"{header['checksum']} of the data is "
+                                                f"{actual:#010x}, the header says "
+                                                f"{header['crc']:#010x}")
+        return data
 
     def keep_only(self, session: str | None, step: int | None) -> None:
         """Marks every other snapshot incomplete: after a restore, no file of the abandoned
         timeline may be taken for one of the new."""
         kept = None
         for slot in (0, 1):
-            found = self._read_header(slot)
-            if found is not None and (found[0].session, found[0].step) == (session, step):
-                kept = slot
+            header = self._read_header(slot)
+            if header is None:
                 continue
-            if found is None:
+            if (header["session"], header["step"]) == (session, step):
+                kept = slot
                 continue
             try:
                 fd = self._fds[slot]
@@ -199,11 +183,11 @@ class LocalSnapshots:
                     fd = self._fds[slot] = os.open(self._path(slot), os.O_RDWR)
                 os.pwrite(fd, _encode_header({"format": FORMAT, "state": "invalid"}), 0)
             except OSError as exc:
-                self._disable(f"invalidating {self._path(slot)} failed: {exc}", warn=True)
+                self.disable(f"invalidating {self._path(slot)} failed: {exc}", warn=True)
                 return
         self._newest = kept  # the next write takes the other file
 
-    def _read_header(self, slot: int) -> tuple[LocalSlot, dict] | None:
+    def _read_header(self, slot: int) -> dict | None:
         try:
             with open(self._path(slot), "rb", buffering=0) as f:
                 raw = f.read(HEADER_BYTES)
@@ -213,15 +197,15 @@ class LocalSnapshots:
         if header is None or header.get("state") != "complete" or header.get("rank") != self.rank:
             return None
         try:
-            info = LocalSlot(slot, str(header["session"]), int(header["step"]),
-                             str(header["layout"]))
-            if not all(isinstance(n, int) and n >= 0 for n in
-                       (header["tensor_bytes"], header["extra"], *header["blobs"])):
+            header["session"], header["step"] = str(header["session"]), int(header["step"])
+            header["layout"] = str(header["layout"])
+            counts = (header["tensor_bytes"], header["extra"], header["crc"], *header["blobs"])
+            if not all(isinstance(n, int) and n >= 0 for n in counts) \
+                    or not local_space.known_checksum(header["checksum"]):
                 return None
         except (KeyError, TypeError, ValueError):
             return None
-        return info, header
-
+        return header
 
     def stats(self) -> dict[str, Any]:
         return {"local_snapshots": self.saved, "local_bytes": 2 * self.bytes_per_slot,
@@ -232,17 +216,39 @@ class LocalSnapshots:
             if fd is not None:
                 os.close(fd)
                 self._fds[slot] = None
-                if remove:
-                    try:
-                        os.unlink(self._path(slot))
-                    except OSError:
-                        pass
-        self._views_key, self._views = None, []
+            if remove:
+                try:
+                    os.unlink(self._path(slot))
+                except OSError:
+                    pass
 
 
-def _write_all(fd: int, buffers: list, offset: int) -> None:
-    """pwritev of every buffer at `offset`, resuming after short writes."""
-    pending = [memoryview(b).cast("B") for b in buffers if len(memoryview(b).cast("B"))]
+def slot_bytes(size: int) -> int:
+    """A file's allocation for `size` bytes of snapshot: room for the extra state to grow."""
+    return HEADER_BYTES + size + size // 8 + 65536
+
+
+def _nbytes(buffer: Any) -> int:
+    return buffer.nbytes if isinstance(buffer, np.ndarray) else len(memoryview(buffer).cast("B"))
+
+
+def _payload(data: bytearray, tensor_sizes: list[int], header: dict) -> ShardPayload:
+    at = sum(tensor_sizes)
+    blobs = []
+    for n in header["blobs"]:
+        blobs.append(bytes(data[at:at + n]))
+        at += n
+    return ShardPayload.packed(np.frombuffer(data, np.uint8), tensor_sizes, blobs,
+                               bytes(data[at:at + header["extra"]]))
+
+
+def _write_all(fd: int, buffers: list, offset: int) -> int:
+    """pwritev of every buffer at `offset`, resuming after short writes; returns the checksum
+    of what was written."""
+    pending = [memoryview(b).cast("B") for b in buffers if _nbytes(b)]
+    crc = 0
+    for view in pending:
+        crc = local_space.checksum(local_space.CHECKSUM, view, crc)
     while pending:
         batch = pending[:IOV_MAX]
         written = os.pwritev(fd, batch, offset)
@@ -254,6 +260,7 @@ def _write_all(fd: int, buffers: list, offset: int) -> None:
             rest -= len(pending.pop(0))
         if rest:
             pending[0] = pending[0][rest:]
+    return crc
 
 
 def _encode_header(header: dict) -> bytes:
@@ -275,9 +282,3 @@ def _decode_header(raw: bytes) -> dict | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return header if isinstance(header, dict) and header.get("format") == FORMAT else None
-
-
-def _uint8() -> Any:
-    import torch  # noqa: PLC0415 - writers import this module without needing torch
-
-    return torch.uint8

@@ -1,5 +1,6 @@
-"""Snapshot slots: a rank's reusable staging buffers, FREE -> COPYING -> STAGED -> VOTING ->
-PUTTING -> FREE; at most `MAX_SLOTS`, and a STAGED slot may be withdrawn for a newer save.
+"""Snapshot slots: a rank's reusable staging buffers, FREE -> COPYING [-> LOCAL] -> STAGED ->
+VOTING -> PUTTING -> FREE for a save, FREE -> COPYING -> LOCAL -> FREE for a local-tier step;
+at most `MAX_SLOTS`, and a STAGED slot may be withdrawn for a newer save.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ MAX_SLOTS = 2
 class SlotState(enum.Enum):
     FREE = "free"
     COPYING = "copying"
+    LOCAL = "local"
+    """Being written to the local tier (then STAGED for a save, else FREE)."""
     STAGED = "staged"
     VOTING = "voting"
     PUTTING = "putting"
@@ -41,14 +44,35 @@ class Slot:
     """Why the snapshot cannot be trusted (a tensor changed while it was copied)."""
     event: Any = None
     """On GPU: the CUDA event that marks the end of the device-to-host copies."""
+    local: LocalWrite | None = None
+    """The local-tier write this snapshot still owes (None: none, or done)."""
+    copy_cpu_s: float = 0.0
+    """CPU seconds the copier thread spent copying into the buffers."""
 
     @property
     def step(self) -> int | None:
-        return None if self.ticket is None else self.ticket.step
+        if self.ticket is not None:
+            return self.ticket.step
+        return None if self.local is None else self.local.step
+
+    def wait_copied(self) -> None:
+        """On GPU: blocks until the device-to-host copies into the buffers are done."""
+        if self.event is not None:
+            self.event.synchronize()
 
     def release(self) -> None:
         self.state, self.ticket, self.blobs, self.extra = SlotState.FREE, None, [], None
-        self.torn, self.event = None, None
+        self.torn, self.event, self.local, self.copy_cpu_s = None, None, None, 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalWrite:
+    """A snapshot's destination in the local tier."""
+
+    session: str
+    step: int
+    layout: str
+    """The digest of the save plan's layout (`local_tier.layout_digest`)."""
 
 
 class SlotPool:

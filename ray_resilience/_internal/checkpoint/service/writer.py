@@ -20,6 +20,7 @@ import ray
 from ray_resilience._internal.checkpoint.format import commit, layout
 from ray_resilience._internal.checkpoint.format.local_roots import RootLock, node_root
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
+from ray_resilience._internal.checkpoint.service.replica_pull import pull_replica
 from ray_resilience._internal.checkpoint.service.warm_import import WarmImport, dumps
 from ray_resilience._internal.checkpoint.wire import (
     NEED_PLAN,
@@ -27,11 +28,6 @@ from ray_resilience._internal.checkpoint.wire import (
     SaveTicket,
     ShardOutcome,
     ShardReport,
-)
-from ray_resilience._internal.constants import (
-    DEFAULT_REPLICA_GET_TIMEOUT_S,
-    REPLICA_GET_TIMEOUT_ENV_VAR,
-    env_float,
 )
 from ray_resilience._internal.priority import lower_process
 from ray_resilience.checkpoint.config import CheckpointConfig
@@ -235,10 +231,11 @@ class CheckpointWriter:
                         promoted.append((shard.ticket.rank, entry))
                 elif shard.durable and (key[0] != session or key[1] < step):
                     del self._shards[key]
+        me = ray.get_runtime_context().current_actor if promoted and replica_holders else None
         for rank, entry in promoted:
             for holder in (replica_holders or {}).get(rank, ()):
-                holder.hold_replica.remote(rank, session, step, seq, dumps(entry.items),
-                                           entry.boxed)
+                holder.hold_replica.remote(rank, session, step, seq, dumps(entry.items), me,
+                                           entry.nbytes)
                 self._counts["replicas_sent"] += 1
 
     def _promote(self, shard: _Shard) -> MemoryEntry | None:
@@ -246,9 +243,7 @@ class CheckpointWriter:
             return None
         rank = shard.ticket.rank
         if not self._fits(rank, shard.nbytes, self._memory):
-            logger.info("writer %s: rank %d's step %d (%d bytes) exceeds the memory tier budget "
-                        "(%d bytes); it loads from storage", self.writer_id, rank,
-                        shard.ticket.step, shard.nbytes, self._budget)
+            self._over_budget(f"rank {rank}'s shard of step {shard.ticket.step}", shard.nbytes)
             return None
         entry = self._memory[rank] = MemoryEntry(shard.ticket.session, shard.ticket.step,
                                                  shard.ticket.items, shard.boxed, shard.nbytes)
@@ -258,26 +253,49 @@ class CheckpointWriter:
         """Whether `nbytes` more (replacing `rank`'s entry in `into`) stay within the budget."""
         if self._budget is None:
             return True
-        used = sum(e.nbytes for held in (self._memory, self._replicas)
+        return self._held_bytes(rank, into) + nbytes <= self._budget
+
+    def _held_bytes(self, rank: int, into: dict[int, MemoryEntry]) -> int:
+        return sum(e.nbytes for held in (self._memory, self._replicas)
                    for r, e in held.items() if not (held is into and r == rank))
-        return used + nbytes <= self._budget
+
+    def _over_budget(self, what: str, nbytes: int) -> None:
+        """Says once per writer, with the numbers, that the budget keeps a shard out."""
+        self._counts["over_budget"] = self._counts.get("over_budget", 0) + 1
+        log = logger.warning if self._counts["over_budget"] == 1 else logger.debug
+        log("writer %s: %s (%.2f GB) is not kept in memory: this writer already holds %.2f GB "
+            "and its share of CheckpointConfig.memory_budget_bytes=%s is %.2f GB (the node's "
+            "budget over writers_per_node=%d); ranks without a copy in memory restore from "
+            "storage. Raise memory_budget_bytes (within the node's object store) or lower "
+            "memory_replicas.", self.writer_id, what, nbytes / 1e9,
+            sum(e.nbytes for h in (self._memory, self._replicas) for e in h.values()) / 1e9,
+            self.config.memory_budget_bytes, (self._budget or 0) / 1e9,
+            self.config.writers_per_node)
 
     def hold_replica(self, rank: int, session: str, step: int, seq: int, items: bytes,
-                     boxed: list[Any]) -> bool:
-        """Keeps a copy of `rank`'s committed shard that another writer holds in `boxed[0]`; False
-        when a newer commit came first, the budget is full or the sender is gone."""
+                     source: Any, nbytes: int) -> bool:
+        """Keeps a copy of `rank`'s committed shard that writer `source` holds, pulled in
+        chunks at `CheckpointConfig.replica_bytes_per_s`; False when a newer commit came first,
+        the budget is full or the source is gone."""
+        with self._cond:
+            if seq < self._commit_seq or not self._fits(rank, nbytes, self._replicas):
+                if seq >= self._commit_seq:
+                    self._over_budget(f"the replica of rank {rank}'s step {step}", nbytes)
+                self._counts["replicas_refused"] += 1
+                return False
         try:
             entry_items = self._warm.loads(items)
-            payload = ray.get(boxed[0], timeout=env_float(REPLICA_GET_TIMEOUT_ENV_VAR,
-                                                          DEFAULT_REPLICA_GET_TIMEOUT_S))
-            own = ray.put(payload)
-            nbytes = payload.nbytes
-            del payload, boxed
+            payload = pull_replica(source, rank, session, step,
+                                   rate=self.config.replica_bytes_per_s)
         except Exception as exc:  # noqa: BLE001 - storage remains the fallback
             logger.warning("writer %s: no replica of rank %d's step %d (%s: %s)", self.writer_id,
                            rank, step, type(exc).__name__, exc)
+            payload = None
+        if payload is None:
             self._counts["replicas_refused"] += 1
             return False
+        own = ray.put(payload)
+        del payload
         with self._cond:
             if seq < self._commit_seq or not self._fits(rank, nbytes, self._replicas):
                 self._counts["replicas_refused"] += 1
@@ -286,6 +304,21 @@ class CheckpointWriter:
             self._replicas[rank] = MemoryEntry(session, step, entry_items, [own], nbytes)
             self._counts["replicas_held"] += 1
         return True
+
+    def replica_part(self, rank: int, session: str, step: int, offset: int | None,
+                     length: int = 0) -> Any:
+        """A part of `rank`'s shard of (session, step) from this writer's memory tier: its
+        layout (spans, byte items, extra state, data length) when `offset` is None, else
+        `length` bytes of its tensor data; None when the shard is no longer held."""
+        with self._cond:
+            entry = self._memory.get(rank)
+            if entry is None or (entry.session, entry.step) != (session, step):
+                return None
+            ref = entry.boxed[0]
+        payload = ray.get(ref)
+        if offset is None:
+            return payload.spans, payload.blobs, payload.extra, len(payload.data)
+        return payload.data[offset:offset + length]
 
     def memory_entry(self, rank: int, session: str, step: int) -> MemoryEntry | None:
         """`rank`'s shard of committed (session, step) if held in memory (own or replica)."""

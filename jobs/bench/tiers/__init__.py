@@ -1,0 +1,1 @@
+"""The recovery-tier benchmark's parts: the train loop, the runs per size, their summary."""

@@ -1,0 +1,42 @@
+"""The train function of the tier benchmark: the harness's LLaMA sizes, FSDP2 over 2 gloo
+ranks, written against the public API as a user would (`load_checkpoint` once, `report` with
+the state every step, the RNG state in `extra`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from harness.sizes import size
+from torch.distributed.fsdp import fully_shard
+
+import ray_resilience as rr
+from ray_resilience.examples.llama import build_model, causal_lm_loss
+from ray_resilience.examples.token_data import TokenDataset
+
+
+def train_loop(config: dict[str, Any]) -> dict[str, Any]:
+    torch.set_num_threads(1)  # 2 ranks on 2 cores, as every benchmark here
+    shape = size(config["size"])
+    ctx = rr.get_context()
+    model = build_model(shape.model, seed=0)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
+    start = 0 if loaded is None else loaded.step
+    torch.manual_seed(1000 + ctx.world_rank)
+    if loaded is not None:
+        torch.set_rng_state(loaded.extra["rng"])
+    data = TokenDataset(config["data_dir"])
+    for step in range(start + 1, config["steps"] + 1):
+        inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, shape.batch_size)
+        inputs, targets = inputs[:, :shape.seq_len], targets[:, :shape.seq_len]
+        loss = causal_lm_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        rr.report({"loss": loss.item()}, step=step, checkpoint=rr.CheckpointState(
+            model, optimizer, extra={"rng": torch.get_rng_state()}))
+    return {"resumed_from": start}
