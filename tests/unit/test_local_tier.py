@@ -186,20 +186,21 @@ def test_a_full_tmpfs_is_found_before_any_data_is_written(tmp_path, monkeypatch)
 
 def test_writer_locks_keep_live_runs_and_clean_up_dead_ones(tmp_path):
     parent = tmp_path / "ray_resilience"
-    live = RootLock(run_root(str(tmp_path), "live run/1", "aa"))
-    assert os.path.basename(live.root) == "live_run_1-aa"
-    dead = parent / "dead-bb"
+    node = "0123456789abcdef"
+    live = RootLock(run_root(str(tmp_path), "live run/1", "aaaaaaaaaaaa") + f"-{node}")
+    assert os.path.basename(live.root) == f"live_run_1-aaaaaaaaaaaa-{node}"
+    dead = parent / f"dead-bbbbbbbbbbbb-{node}"
     dead.mkdir()
     (dead / LOCK_NAME).touch()  # its writer is gone: nobody holds the lock
     (dead / "rank0.0").write_bytes(b"x" * HEADER_BYTES)
-    young, old = parent / "young-cc", parent / "old-dd"
+    young, old = parent / f"young-cccccccccccc-{node}", parent / f"old-dddddddddddd-{node}"
     young.mkdir()
     old.mkdir()
     os.utime(old, (time.time() - 3600, time.time() - 3600))  # no lock, an hour old
     removed = remove_stale_roots(str(parent))
-    assert sorted(map(os.path.basename, removed)) == ["dead-bb", "old-dd"]
+    assert sorted(map(os.path.basename, removed)) == [dead.name, old.name]
     assert os.path.isdir(live.root) and young.is_dir()
-    RootLock(run_root(str(tmp_path), "second", "ee"))  # a new writer never removes a live root
+    RootLock(run_root(str(tmp_path), "second", "eeeeeeeeeeee") + f"-{node}")  # never a live one
     assert os.path.isdir(live.root)
     live.remove()
     assert not os.path.exists(live.root)

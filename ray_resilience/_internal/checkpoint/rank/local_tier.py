@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ray_resilience._internal.checkpoint.format.local_roots import hold
 from ray_resilience._internal.checkpoint.wire import ShardPayload, layout_key
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class LocalSnapshots:
     def __init__(self, root: str, rank: int, *, max_bytes: int | None) -> None:
         self.root, self.rank, self.max_bytes = root, rank, max_bytes
         self._fds: list[int | None] = [None, None]
+        self._lock: int | None = None
+        """Holds the run folder's lock shared: no cleanup removes it while this rank lives."""
         self._capacity = [0, 0]
         self._newest: int | None = None
         """The slot this process last wrote or restored from; the next write takes the other."""
@@ -119,7 +122,8 @@ class LocalSnapshots:
         fd = self._fds[slot]
         if fd is not None and self._capacity[slot] >= HEADER_BYTES + size:
             return fd
-        os.makedirs(self.root, exist_ok=True)
+        if self._lock is None:
+            self._lock = hold(self.root)  # creates the folder: private, never via a symlink
         capacity = HEADER_BYTES + size + size // 8 + 65536  # room for extra state to grow
         if fd is None:
             fd = os.open(self._path(slot), os.O_RDWR | os.O_CREAT, 0o600)
@@ -238,6 +242,9 @@ class LocalSnapshots:
                     except OSError:
                         pass
         self._views_key, self._views = None, []
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 def _write_all(fd: int, buffers: list, offset: int) -> None:
