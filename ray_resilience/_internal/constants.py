@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+import time
 
 SUPERVISOR_NAME_PREFIX = "ray_resilience:supervisor:"
 """Named supervisor actor per run; a second driver with the same run name finds the first."""
@@ -92,6 +94,9 @@ STALE_LOCAL_FOLDER_ENV_VAR = "RAY_RESILIENCE_STALE_LOCAL_FOLDER_S"
 DEFAULT_STALE_LOCAL_FOLDER_S = 600.0
 """A local-tier run folder without a `.lock` (its writer never started) is stale after this."""
 
+TEST_COPY_DELAY_ENV_VAR = "RAY_RESILIENCE_TEST_SNAPSHOT_COPY_DELAY_S"
+"""Tests only: each save's background copy starts this late, so what races it can be shown."""
+
 FORWARDED_ENV_VARS = (
     ALLOW_PENDING_RESOURCES_ENV_VAR, SHUTDOWN_TIMEOUT_ENV_VAR, SLOW_WAIT_WARNING_ENV_VAR,
     ERROR_GRACE_ENV_VAR, HEALTH_TIMEOUT_ENV_VAR, SPARE_REPLENISH_MAX_DELAY_ENV_VAR,
@@ -99,8 +104,14 @@ FORWARDED_ENV_VARS = (
     FINAL_SAVE_TIMEOUT_ENV_VAR, STORE_PROBE_INTERVAL_ENV_VAR, PREIMPORT_WATCH_INTERVAL_ENV_VAR,
     CHECKPOINT_CALL_TIMEOUT_ENV_VAR, WRITER_POLL_ENV_VAR, VOTE_WAIT_ENV_VAR,
     WRITER_START_TIMEOUT_ENV_VAR, WRITER_PING_TIMEOUT_ENV_VAR, REPLICA_GET_TIMEOUT_ENV_VAR,
-    STALE_LOCAL_FOLDER_ENV_VAR,
+    STALE_LOCAL_FOLDER_ENV_VAR, TEST_COPY_DELAY_ENV_VAR,
 )
+
+
+def default_run_name(prefix: str = "ray_resilience_run") -> str:
+    """`RunConfig.name`'s default, new for every run (like Ray Train's `ray_train_run-<date>`):
+    unrelated runs never resume each other's checkpoints."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def env_float(name: str, default: float) -> float:

@@ -49,6 +49,7 @@ from ray_resilience._internal.supervisor.state import (
 )
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
+from ray_resilience.checkpoint.errors import CheckpointError
 from ray_resilience.config import ResilienceConfig, ScalingConfig
 from ray_resilience.errors import ConfigError, RunAbortedError
 from ray_resilience.policy.base import Action, Decision
@@ -182,7 +183,11 @@ class Supervisor:
         self._dispatcher.flush()
 
     def _on_scheduling(self, _: State) -> State:
-        """Creates the worker group and waits for its placement group."""
+        """Takes the run's lease, creates the worker group and waits for its placement group."""
+        try:
+            self._checkpoints.claim(self._abort.is_set)
+        except CheckpointError as exc:  # another job holds the run, or storage refused the lease
+            return Ended(RunState.FAILED, exc)
         in_job = self._cfg.in_job
         self._group = self._group_factory(
             scaling=self._scaling, train_fn=self._train_fn, train_config=self._train_config,
@@ -250,7 +255,9 @@ class Supervisor:
         self._futures = group.launch(specs)
 
     def _on_running(self, current: State) -> State:
-        self._checkpoints.poll()
+        lost = self._checkpoints.poll()
+        if lost is not None:  # another job took the run over: this one may not go on
+            return Ended(RunState.FAILED, lost)
         self._upkeep()
         found = self._detector.collect(self._futures, self._attempt)
         for outcome in found.outcomes:
@@ -351,4 +358,6 @@ class Supervisor:
             return_values=[self.record.returns.get(r) for r in range(self.record.world_size)],
             worker_pids=self._pids, wall_s=self._t_end - self._t_start, goodput=goodput,
             timeouts=self._timeouts.snapshot(), checkpoint=self._checkpoints.summary(),
+            dropped_saves=list(self._checkpoints.dropped),
+            dropped_total=self._checkpoints.dropped_total,
             callback_failures=self._dispatcher.failures())
