@@ -111,10 +111,10 @@ def overlapped_snapshot(device: str) -> dict[str, Any]:
         HandoffPipeline,
         WriterLink,
     )
-    from ray_resilience._internal.checkpoint.rank.local_schedule import (  # noqa: PLC0415
+    from ray_resilience._internal.checkpoint.rank.local.schedule import (  # noqa: PLC0415
         LocalSchedule,
     )
-    from ray_resilience._internal.checkpoint.rank.local_tier import (  # noqa: PLC0415
+    from ray_resilience._internal.checkpoint.rank.local.tier import (  # noqa: PLC0415
         LocalSnapshots,
         layout_digest,
     )

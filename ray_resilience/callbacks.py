@@ -21,8 +21,9 @@ from ray_resilience.policy.state import FaultCause
 if TYPE_CHECKING:
     from ray_resilience.goodput import GoodputReport
 
-__all__ = ["Callback", "CheckpointCommitted", "CheckpointSaved", "FaultDetected", "RecoveryDone",
-           "RunEnded", "RunStarted", "StateChanged", "StepCompleted"]
+__all__ = ["Callback", "CheckpointCommitted", "CheckpointDropped", "CheckpointSaved",
+           "FaultDetected", "RecoveryDone", "RunEnded", "RunStarted", "StateChanged",
+           "StepCompleted"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,6 +82,27 @@ class CheckpointCommitted:
     hook: ClassVar[str] = "on_checkpoint_committed"
     step: int
     t: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointDropped:
+    """A save of `step` that was asked for will never be committed (`Result.checkpoint["dropped"]`
+    lists them all)."""
+
+    hook: ClassVar[str] = "on_checkpoint_dropped"
+    step: int
+    rank: int | None
+    """The rank whose save it was; None when the whole step was lost at once (e.g. its commit)."""
+    kind: str
+    """"torn" (a tensor changed while copied), "skipped" or "coalesced" (the in-flight policy),
+    "failed" (writing it failed), "restart" (a new attempt began first), "fenced" (another job
+    took the run), "not_committed" (its commit failed or was superseded)."""
+    reason: str
+    t: float
+
+    def describe(self) -> dict[str, object]:
+        """JSON-safe: what `Result.checkpoint["dropped"]` holds for it."""
+        return {"step": self.step, "rank": self.rank, "kind": self.kind, "reason": self.reason}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,6 +183,10 @@ class Callback:
     def on_checkpoint_committed(self, event: CheckpointCommitted) -> None:
         """When a newer committed checkpoint is found (polled up to four times a second, so a
         burst of commits may show only the newest)."""
+
+    def on_checkpoint_dropped(self, event: CheckpointDropped) -> None:
+        """For each save that will never be committed, within about a second of it being lost
+        (each (step, rank) once; after 1000 in a run, only counted)."""
 
     def on_fault_detected(self, event: FaultDetected) -> None:
         """For each fault, before the recovery policy decides; the repair follows."""

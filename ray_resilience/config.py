@@ -12,6 +12,7 @@ import urllib.parse
 from typing import Any
 
 from ray_resilience import _validate as check
+from ray_resilience._internal.constants import default_run_name
 from ray_resilience.callbacks import Callback
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
@@ -95,8 +96,10 @@ class ScalingConfig:
 class RunConfig:
     """Where a run lives. The run folder is `<storage_path>/<name>`; the same name resumes."""
 
-    name: str = "ray_resilience_run"
-    """Run name. Resubmitting with the same name resumes from its last committed checkpoint."""
+    name: str = dataclasses.field(default_factory=default_run_name)
+    """Run name; default `ray_resilience_run-<YYYYmmdd-HHMMSS>-<4 hex>`, new for every run. Give
+    a name to resume: a job with the name of an earlier run resumes from its last committed
+    checkpoint (a job whose run is still held by another fails, see `lease_wait_s`)."""
     storage_path: str = dataclasses.field(
         default_factory=lambda: os.path.expanduser("~/ray_results"))
     """Local/FSx path or s3://bucket/prefix (add ?endpoint_override=host:port for S3-compatible)."""

@@ -32,7 +32,8 @@ class Result:
     goodput: Any = None
     """GoodputReport of the run (training/infra goodput, per-fault recovery), when computed."""
     checkpoint: Any = None
-    """The newest committed checkpoint (step and path), when checkpointing is on."""
+    """When checkpointing is on: the newest committed step, the loads, the service's counters,
+    and "dropped": every save asked for and never committed (step, rank, kind, reason)."""
     timeouts: dict[str, Any] | None = None
     """Hang timeouts in force at the end and the worst interval observed per phase."""
     control: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -12,6 +12,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_resilience._internal import pickle_check, ray_train, run_folder
+from ray_resilience._internal.checkpoint.format.local_roots import check_local_dir
 from ray_resilience._internal.constants import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     SUPERVISOR_MAX_CONCURRENCY,
@@ -24,6 +25,8 @@ from ray_resilience._internal.run_folder import write_run_artifacts
 from ray_resilience._internal.supervisor.outcome import RunOutcome
 from ray_resilience._internal.supervisor.supervisor import Supervisor
 from ray_resilience._internal.worker_group.resources import check_cluster_can_host
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.errors import RunInUseError
 from ray_resilience.config import ResilienceConfig, RunConfig, ScalingConfig
 from ray_resilience.errors import ConfigError, TrainingFailedError
 from ray_resilience.result import Result
@@ -97,6 +100,9 @@ class ResilientTrainer:
         run_path = posixpath.join(base, self.run_config.name)
         run_folder.check_writable(fs, run_path, field="RunConfig.storage_path",
                                value=self.run_config.storage_path)
+        checkpoint = self.resilience.checkpoint
+        if isinstance(checkpoint, CheckpointConfig) and checkpoint.local_interval_steps:
+            check_local_dir(checkpoint.local_dir)
         run_dir = run_folder.run_dir_uri(self.run_config.storage_path, self.run_config.name)
         supervisor = self._start_supervisor(run_dir)
         outcome = self._wait(supervisor)
@@ -104,7 +110,11 @@ class ResilientTrainer:
         history = read_newest(fs, log_path, self.run_config.metrics_history_size) \
             if log_path else None
         result = outcome.to_result(run_dir, ray.cloudpickle.loads, history)
-        write_run_artifacts(fs, run_path, result)
+        dropped = outcome.dropped_summary()
+        if dropped is not None:
+            log.warning("run %s: %s", self.run_config.name, dropped)
+        if not isinstance(result.error, RunInUseError):  # the run folder is another job's
+            write_run_artifacts(fs, run_path, result)
         if self.run_config.verbose:
             ProgressDisplay(self.run_config.name).summary(result)
         if result.error is not None and raise_on_failure:

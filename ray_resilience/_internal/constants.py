@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+import time
 
 SUPERVISOR_NAME_PREFIX = "ray_resilience:supervisor:"
 """Named supervisor actor per run; a second driver with the same run name finds the first."""
@@ -101,6 +103,9 @@ REPLICA_CHUNK_BYTES_ENV_VAR = "RAY_RESILIENCE_REPLICA_CHUNK_BYTES"
 DEFAULT_REPLICA_CHUNK_BYTES = float(64 * 2**20)
 """A replica is pulled from its source writer in chunks of this size, one at a time."""
 
+TEST_COPY_DELAY_ENV_VAR = "RAY_RESILIENCE_TEST_SNAPSHOT_COPY_DELAY_S"
+"""Tests only: each save's background copy starts this late, so what races it can be shown."""
+
 FORWARDED_ENV_VARS = (
     ALLOW_PENDING_RESOURCES_ENV_VAR, SHUTDOWN_TIMEOUT_ENV_VAR, SLOW_WAIT_WARNING_ENV_VAR,
     ERROR_GRACE_ENV_VAR, HEALTH_TIMEOUT_ENV_VAR, SPARE_REPLENISH_MAX_DELAY_ENV_VAR,
@@ -111,7 +116,14 @@ FORWARDED_ENV_VARS = (
     STALE_LOCAL_FOLDER_ENV_VAR,
     LOCAL_PROBE_STEPS_ENV_VAR,
     REPLICA_CHUNK_BYTES_ENV_VAR,
+    TEST_COPY_DELAY_ENV_VAR,
 )
+
+
+def default_run_name(prefix: str = "ray_resilience_run") -> str:
+    """`RunConfig.name`'s default, new for every run (like Ray Train's `ray_train_run-<date>`):
+    unrelated runs never resume each other's checkpoints."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def env_float(name: str, default: float) -> float:

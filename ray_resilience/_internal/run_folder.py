@@ -8,6 +8,7 @@ import logging
 import os
 import posixpath
 import tempfile
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -21,10 +22,18 @@ from ray_resilience.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token"})
+"""pyarrow's S3 URI options that carry credentials: never written into results."""
+
+
 def run_dir_uri(storage_path: str, name: str) -> str:
-    """The run folder as the user would write it (for messages and `Result.path`)."""
+    """The run folder as the user would write it, without credentials (for messages,
+    `Result.path` and results.json)."""
     if "://" in storage_path:
         base, _, query = storage_path.partition("?")
+        kept = [(k, v) for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True)
+                if k.lower() not in SECRET_QUERY_KEYS]
+        query = urllib.parse.urlencode(kept, safe=":/")
         return base.rstrip("/") + "/" + name + (f"?{query}" if query else "")
     return os.path.join(os.path.abspath(os.path.expanduser(storage_path)), name)
 

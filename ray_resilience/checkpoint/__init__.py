@@ -7,6 +7,8 @@ from ray_resilience.checkpoint.errors import (
     CheckpointLoadError,
     CheckpointStateError,
     CheckpointStorageError,
+    LeaseLostError,
+    RunInUseError,
     StorageFullError,
     StoragePermissionError,
     StorageUnavailableError,
@@ -16,6 +18,7 @@ from ray_resilience.checkpoint.loaded import LoadedCheckpoint
 
 __all__ = [
     "CheckpointConfig", "CheckpointCorruptError", "CheckpointError", "CheckpointLoadError",
-    "CheckpointStateError", "CheckpointStorageError", "LoadedCheckpoint", "StorageFullError",
-    "StoragePermissionError", "StorageUnavailableError", "UnsafeCheckpointError",
+    "CheckpointStateError", "CheckpointStorageError", "LeaseLostError", "LoadedCheckpoint",
+    "RunInUseError", "StorageFullError", "StoragePermissionError", "StorageUnavailableError",
+    "UnsafeCheckpointError",
 ]

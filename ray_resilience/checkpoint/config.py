@@ -73,6 +73,11 @@ class CheckpointConfig:
     """Timeout of the CPU (gloo) group for checkpoint agreement when the backend is not gloo."""
     warn_interval_s: float = 30.0
     """Every wait logs what it is still waiting for at this period."""
+    lease_ttl_s: float = 60.0
+    """Life of the run's lease (one job writes a run): renewed 5 times per life; a crashed
+    job's run can be taken over this long after its last renewal."""
+    lease_wait_s: float = 0.0
+    """How long a job waits for another job of the same run name to end (0: fail at once)."""
 
     @property
     def writer_priority_now(self) -> str:
@@ -135,8 +140,10 @@ class CheckpointConfig:
                             fix="give a byte count, or None for no cap (memory_tier=False turns "
                                 "it off).")
         for name in ("storage_retry_backoff_s", "storage_retry_max_backoff_s", "write_timeout_s",
-                     "collective_timeout_s", "warn_interval_s"):
+                     "collective_timeout_s", "warn_interval_s", "lease_ttl_s"):
             check.seconds(f"CheckpointConfig.{name}", getattr(self, name))
+        check.seconds("CheckpointConfig.lease_wait_s", self.lease_wait_s, minimum=0,
+                      fix="0: fail at once when another job holds the run.")
         self._check_order()
 
     def _check_order(self) -> None:

@@ -78,14 +78,43 @@ class CheckpointLoadError(CheckpointError):
 
 
 class CheckpointStateError(CheckpointError, TypeError):
-    """The state handed to save cannot be stored safely (e.g. an `extra` value of a bad type)."""
+    """The state handed to save cannot be stored safely (e.g. an `extra` value of a bad type, or
+    a state item that would save but never load)."""
 
-    def __init__(self, key: str, detail: str) -> None:
-        self.key, self.detail = key, detail
-        super().__init__(f"checkpoint extra[{key!r}]: {detail}")
+    def __init__(self, key: str, detail: str, where: str = "extra") -> None:
+        self.key, self.detail, self.where = key, detail, where
+        super().__init__(f"checkpoint {where}[{key!r}]: {detail}")
 
     def __reduce__(self):
-        return (type(self), (self.key, self.detail))
+        return (type(self), (self.key, self.detail, self.where))
+
+
+class RunInUseError(CheckpointError):
+    """Another job holds the run's lease: two jobs never write one run's checkpoints."""
+
+    def __init__(self, run: str, holder: str, where: str, wait_s: float) -> None:
+        self.run, self.holder, self.where, self.wait_s = run, holder, where, wait_s
+        waited = f" (waited {wait_s:.0f} s)" if wait_s else ""
+        super().__init__(
+            f"run {run!r} is in use{waited}: its checkpoints ({where}) are held by {holder}. Wait "
+            "for that job to end, give this one another RunConfig.name, or set "
+            "CheckpointConfig.lease_wait_s to wait for it (a crashed holder's lease expires).")
+
+    def __reduce__(self):
+        return (type(self), (self.run, self.holder, self.where, self.wait_s))
+
+
+class LeaseLostError(CheckpointError):
+    """This job may no longer commit or delete the run's checkpoints: another job took the run
+    over (`final`), or the lease could not be confirmed in time (it may come back)."""
+
+    def __init__(self, run: str, where: str, detail: str, final: bool = True) -> None:
+        self.run, self.where, self.detail, self.final = run, where, detail, final
+        super().__init__(f"run {run!r}: this job no longer holds the lease {where}: {detail}. "
+                         "It commits and deletes no checkpoint of the run from now on.")
+
+    def __reduce__(self):
+        return (type(self), (self.run, self.where, self.detail, self.final))
 
 
 _PERMISSION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}

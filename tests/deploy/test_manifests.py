@@ -541,7 +541,7 @@ def test_local_tier_sizes_match_the_example_models() -> None:
     """The validator's model table and file size are the models' and the local tier's own."""
     torch = pytest.importorskip("torch")
     # After the skip: tests/deploy run without torch.
-    from ray_resilience._internal.checkpoint.rank.local_tier import (  # noqa: PLC0415
+    from ray_resilience._internal.checkpoint.rank.local.tier import (  # noqa: PLC0415
         slot_bytes,
     )
     from ray_resilience.examples import hf_llama  # noqa: PLC0415

@@ -21,7 +21,6 @@ from tests.support.checkpoint_service import start_service, step_folder, wait_co
 from tests.support.tmpfs import tmpfs
 
 pytestmark = pytest.mark.timeout(300)
-MARKER = "/tmp/rr-checkpoint-exploit-ran"
 
 
 def assert_intact(root: str, step: int) -> None:
@@ -106,13 +105,15 @@ def test_unsafe_extra_raises_type_error_naming_the_key(ray_session, tmp_path):
 
 
 class _Exploit:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
     def __reduce__(self):
-        return (os.system, (f"touch {MARKER}",))
+        return (os.system, (f"touch {self.marker}",))
 
 
 def test_tampered_metadata_pickle_is_never_executed(ray_session, tmp_path):
-    if os.path.exists(MARKER):
-        os.remove(MARKER)
+    marker = str(tmp_path / "exploit-ran")  # this test's own: concurrent runs share /tmp
     service, ranks = start_with(lambda: start_service(str(tmp_path), 2, memory_tier=False))
     try:
         for step in (1, 2):
@@ -120,7 +121,7 @@ def test_tampered_metadata_pickle_is_never_executed(ray_session, tmp_path):
             assert all(on_all(ranks, "wait_idle"))
             wait_committed(service, step)
         folder = step_folder(str(tmp_path), "run", 2)
-        evil = pickle.dumps(_Exploit())
+        evil = pickle.dumps(_Exploit(marker))
         with open(os.path.join(folder, ".metadata"), "wb") as f:
             f.write(evil)
         manifest_path = os.path.join(folder, "manifest.json")
@@ -132,7 +133,7 @@ def test_tampered_metadata_pickle_is_never_executed(ray_session, tmp_path):
         loaded = on_all(ranks, "load")
         assert [r["step"] for r in loaded] == [1, 1]
         assert all("not a DCP metadata type" in r["fallbacks"][0] for r in loaded)
-        assert not os.path.exists(MARKER)
+        assert not os.path.exists(marker)
     finally:
         stop_ranks(ranks)
         service.shutdown()

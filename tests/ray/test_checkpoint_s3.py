@@ -1,15 +1,18 @@
 """Checkpoints on a real S3 server (SeaweedFS on loopback): round trip, credentials, outages and
-the in-flight policies while storage is down, a writer killed in the middle of a write."""
+the in-flight policies while storage is down, a writer killed in the middle of a write, a
+restore through a brief outage, and a second job of a run in use."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import pytest
 import ray
 
 from ray_resilience._internal.checkpoint.service.service import CheckpointService
-from ray_resilience.checkpoint import CheckpointConfig, StoragePermissionError
+from ray_resilience.checkpoint import CheckpointConfig, RunInUseError, StoragePermissionError
 from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
 from tests.support.checkpoint_service import assert_same, wait_committed
 
@@ -164,3 +167,63 @@ def test_writer_killed_mid_write_loses_only_that_step(s3_run, s3_server):
     assert 2 not in service.stats()["committed_steps"]
     assert not any(k.startswith("step_000000000002_") for k in keys(s3_server, prefix))
     assert [r["step"] for r in on_all(ranks, "load")] == [3, 3]
+
+
+@pytest.mark.parametrize("s3_run", [{"memory_tier": False}], indirect=True)
+def test_a_restore_during_a_brief_outage_retries_and_loads_the_newest_step(s3_run, s3_server):
+    service, ranks, _ = s3_run
+    on_all(ranks, "train", 1, save=False)
+    on_all(ranks, "save", 2)
+    wait_committed(service, 2)
+    expected = on_all(ranks, "full_state")[0]
+    on_all(ranks, "train", 1, save=False)
+    s3_server.stop()
+    loads = [r.load.remote() for r in ranks]  # reads fail while the endpoint is down...
+    time.sleep(2.0)
+    s3_server.start()  # ...and come back: the same step loads, not an older one
+    loaded = ray.get(loads, timeout=180)
+    assert [(r["step"], r["tier"], r["fallbacks"]) for r in loaded] == [(2, "storage", [])] * 2
+    assert_same(expected, on_all(ranks, "full_state")[0])
+    assert service.stats()["quarantined"] == {}
+
+
+def test_a_second_job_of_a_run_in_use_fails_fast_and_touches_nothing(s3_run, s3_server):
+    service, ranks, prefix = s3_run
+    before = {o["Key"]: o["ETag"] for o in _objects(s3_server, prefix)}
+    started = time.monotonic()
+    with pytest.raises(RunInUseError) as info:
+        start_s3_service(s3_server, prefix, **OUTAGE_CONFIG)
+    assert time.monotonic() - started < 30
+    assert "'run'" in str(info.value) and f"pid {os.getpid()}" in str(info.value)
+    assert {o["Key"]: o["ETag"] for o in _objects(s3_server, prefix)} == before
+    on_all(ranks, "train", 1, save=False)
+    on_all(ranks, "save", 2)  # the first job goes on undisturbed
+    wait_committed(service, 2)
+    expected = on_all(ranks, "full_state")[0]
+    assert [r["step"] for r in on_all(ranks, "load")] == [2, 2]
+    assert_same(expected, on_all(ranks, "full_state")[0])
+
+
+def _objects(server, prefix: str) -> list[dict]:
+    listing = server.client().list_objects_v2(Bucket=server.bucket, Prefix=f"{prefix}/")
+    return listing.get("Contents", [])
+
+
+def test_a_waiting_job_takes_the_run_over_once_the_first_ends(ray_session, s3_server):
+    prefix = f"waiting-{time.time_ns()}"
+    first = start_s3_service(s3_server, prefix)
+    box: dict = {}
+
+    def second():
+        box["service"] = start_s3_service(s3_server, prefix, lease_wait_s=120)
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    time.sleep(2.0)
+    assert waiter.is_alive()  # waiting for the lease
+    first.shutdown()  # releases the run
+    waiter.join(150)
+    taken = box["service"]
+    try:
+        assert taken.lease.generation == 2
+    finally:
+        taken.shutdown()

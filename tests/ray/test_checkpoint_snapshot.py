@@ -13,7 +13,12 @@ import pytest
 import ray
 
 from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
-from tests.support.checkpoint_service import assert_same, start_service, wait_committed
+from tests.support.checkpoint_service import (
+    assert_same,
+    start_service,
+    wait_committed,
+    wait_dropped,
+)
 
 pytestmark = pytest.mark.timeout(300)
 DELAY_S = 0.6
@@ -40,7 +45,7 @@ def test_optimizer_step_right_after_save_waits_for_the_copy(ranks_with_slow_copy
     # The copy started DELAY_S late, so the step could only have been held by the guard.
     assert all(max(s["guard_wait_s"]) > DELAY_S * 0.5 for s in stats), \
         [s["guard_wait_s"] for s in stats]
-    assert all(s["torn"] == 0 if "torn" in s else True for s in stats)
+    assert [s.get("torn", 0) for s in stats] == [0, 0] and service.stats()["dropped"] == []
     loaded = on_all(ranks, "load")
     assert [r["step"] for r in loaded] == [3, 3]
     assert_same(expected, on_all(ranks, "full_state")[0])
@@ -57,7 +62,8 @@ def test_in_place_write_during_the_copy_drops_the_save_and_keeps_the_last_commit
     assert all(on_all(ranks, "wait_idle"))
     stats = on_all(ranks, "stats")
     assert all(s["torn"] == 1 for s in stats), stats
-    time.sleep(0.5)
+    dropped = wait_dropped(service, 3)  # its round ended unclaimed: it can never commit
+    assert {d["kind"] for d in dropped} == {"torn"} and "changed while" in dropped[0]["reason"]
     assert service.stats()["committed_steps"] == [2]  # never a torn step 3
     assert [r["step"] for r in on_all(ranks, "load")] == [2, 2]
     assert_same(before, on_all(ranks, "full_state")[0])
@@ -73,7 +79,7 @@ def test_sync_snapshot_is_exact_even_under_in_place_writes(ranks_with_slow_copy)
     expected = on_all(ranks, "save_then_mutate", 3, "inplace")[0]
     assert all(on_all(ranks, "wait_idle"))
     wait_committed(service, 3)
-    assert all(s.get("torn", 0) == 0 and not s["guard_wait_s"] for s in on_all(ranks, "stats"))
+    assert [(s.get("torn", 0), s["guard_wait_s"]) for s in on_all(ranks, "stats")] == [(0, [])] * 2
     on_all(ranks, "load")
     assert_same(expected, on_all(ranks, "full_state")[0])
 
@@ -91,7 +97,7 @@ def test_replaced_storage_drops_that_save_and_the_next_one_is_exact(ranks_with_s
     on_all(ranks, "save", 3)
     assert all(on_all(ranks, "wait_idle"))
     assert all(s["torn"] == 1 for s in on_all(ranks, "stats"))
-    time.sleep(0.5)
+    assert {d["kind"] for d in wait_dropped(service, 3)} == {"torn"}
     assert service.stats()["committed_steps"] == [2]  # never step 3 with the stale moments
     on_all(ranks, "train", 1, save=False)
     expected = on_all(ranks, "save_then_mutate", 5, "optimizer")[0]
@@ -123,8 +129,15 @@ def test_save_returns_without_the_other_rank_and_commits_once_it_saves(ranks_wit
     wait_committed(service, 2)
     # Rank 1 is idle: a save that needed a collective would hang here.
     assert ray.get(ranks[0].save.remote(3), timeout=20) is not None
-    time.sleep(0.5)  # room for a wrong commit of step 3 with one rank's shard only
-    assert service.latest_committed_step() == 2
+    wait_until(lambda: service.stats()["open_rounds"] == {3: [0]}, "rank 0's vote")
+    assert service.latest_committed_step() == 2  # the round waits for rank 1: no commit yet
     assert ray.get(ranks[1].save.remote(3), timeout=20) is not None
     assert all(on_all(ranks, "wait_idle"))
     wait_committed(service, 3)
+
+
+def wait_until(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -18,11 +18,12 @@ def exercise(run_metrics: RunMetrics) -> None:
     run_metrics.on_step(11)
     run_metrics.on_restart("process_killed", "in_process", 4.5, 10)
     run_metrics.on_restart("hang", "replace_failed", None, None)
+    run_metrics.on_dropped("torn")
     run_metrics.on_goodput(compute_goodput(rollback_run()))
 
 
 def test_names_are_prefixed_unique_and_mapped_to_prometheus():
-    assert len(set(EXPORTED_METRICS)) == len(EXPORTED_METRICS) == 9
+    assert len(set(EXPORTED_METRICS)) == len(EXPORTED_METRICS) == 10
     assert all(name.startswith("ray_resilience_") for name in EXPORTED_METRICS)
     series = prometheus_names()
     assert set(series) == set(EXPORTED_METRICS)

@@ -30,6 +30,17 @@ def wait_committed(service: CheckpointService, step: int, timeout_s: float = 60.
         time.sleep(0.1)
 
 
+def wait_dropped(service: CheckpointService, step: int, timeout_s: float = 60.0) -> list[dict]:
+    """The coordinator's record of the dropped saves of `step`, once there is one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [d for d in service.stats()["dropped"] if d["step"] == step]
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"no dropped save of step {step}: {service.stats()}"
+        time.sleep(0.1)
+
+
 def assert_same(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
     assert expected.keys() == got.keys()
     different = [k for k in expected if not torch.equal(expected[k], got[k])]

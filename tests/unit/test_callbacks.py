@@ -11,6 +11,8 @@ import pytest
 import ray_resilience as rr
 from ray_resilience._internal.display import ProgressDisplay
 from ray_resilience._internal.supervisor.metrics import MetricsCallback, RunMetrics
+from ray_resilience._internal.supervisor.outcome import RunOutcome
+from ray_resilience._internal.supervisor.recorders import RecentEvents
 from ray_resilience.callbacks import Callback
 from ray_resilience.policy import FaultCause
 from tests.support.dummy_group import Act
@@ -110,6 +112,9 @@ class CountingMetrics(RunMetrics):
     def on_goodput(self, report) -> None:
         self.calls.append(("goodput", report.final_step))
 
+    def on_dropped(self, kind: str) -> None:
+        self.calls.append(("dropped", kind))
+
 
 def test_metrics_are_fed_from_the_event_stream():
     metrics = CountingMetrics()
@@ -132,3 +137,24 @@ def test_the_driver_display_prints_each_event_of_the_stream_once(capsys):
     printed = [line for line in capsys.readouterr().out.splitlines() if "unit  " in line]
     assert sum("fault: exception" in line for line in printed) == 1
     assert sum("running -> finished" in line for line in printed) == 1
+
+
+def test_a_dropped_save_reaches_the_metrics_the_display_and_the_result():
+    from ray_resilience.callbacks import CheckpointDropped  # noqa: PLC0415 - new in the fix
+
+    dropped = CheckpointDropped(step=12, rank=1, kind="torn",
+                                reason="tensor 'w' changed while copied", t=1.0)
+    metrics, recent = CountingMetrics(), RecentEvents()
+    MetricsCallback(metrics).on_checkpoint_dropped(dropped)
+    recent.on_checkpoint_dropped(dropped)
+    assert metrics.calls == [("dropped", "torn")]
+    assert recent.snapshot()[0]["text"] == "checkpoint of step 12 dropped (rank 1): torn"
+    outcome = RunOutcome(state="finished", checkpoint={"latest_committed_step": 10},
+                         dropped_saves=[dropped], dropped_total=1)
+    result = outcome.to_result("/runs/x", lambda b: b)
+    assert result.checkpoint["dropped"] == [{"step": 12, "rank": 1, "kind": "torn",
+                                             "reason": "tensor 'w' changed while copied"}]
+    assert result.checkpoint["dropped_total"] == 1 and result.ok
+    assert outcome.dropped_summary() == ("1 checkpoint save(s) were not committed: step 12 rank "
+                                         "1: torn (tensor 'w' changed while copied)")
+    assert RunOutcome(state="finished").dropped_summary() is None

@@ -28,7 +28,8 @@ from ray_resilience.checkpoint.errors import (
 from tests.support.tmpfs import tmpfs
 
 pytestmark = pytest.mark.timeout(60)
-OLD, NEW = "00000000000000aa", "00000000000000bb"
+OLD, NEW = "00001000000001aa", "00001000000002bb"  # lease generation 1: sessions 1 and 2
+NEXT_JOB = "00002000000003cc"  # generation 2: a job that took the run over
 
 
 def _fake_step(storage: CheckpointStorage, step: int, session: str, *,
@@ -71,18 +72,72 @@ def test_prune_keeps_newest_and_in_flight_and_removes_leftovers(storage):
     leftover_old_session = _fake_step(storage, 40, OLD, commit=False)
     abandoned = _fake_step(storage, 25, NEW, commit=False)
     in_flight = _fake_step(storage, 40, NEW, commit=False)
-    deleted = prune(storage, num_to_keep=2, keep_session=NEW,
-                    newest_committed=layout.StepDir(30, NEW))
+    deleted = prune(storage, num_to_keep=2, generation=1, session=NEW)
     assert set(deleted) == {layout.StepDir(10, NEW), leftover_old_session, abandoned}
     assert set(storage.list_step_dirs()) \
         == {layout.StepDir(20, NEW), layout.StepDir(30, NEW), in_flight}
 
 
-def test_prune_without_a_session_removes_every_uncommitted_folder(storage):
+def test_a_restarted_coordinator_keeps_its_generations_folders_until_it_knows_the_session(
+        storage):
+    older_job = _fake_step(storage, 50, "00000000000009dd", commit=False)  # generation 0
     _fake_step(storage, 10, NEW, commit=True)
-    _fake_step(storage, 20, NEW, commit=False)
-    prune(storage, num_to_keep=2, keep_session=None, newest_committed=layout.StepDir(10, NEW))
-    assert storage.list_step_dirs() == [layout.StepDir(10, NEW)]
+    ours = _fake_step(storage, 20, NEW, commit=False)  # may be in flight: its session is unknown
+    assert prune(storage, num_to_keep=2, generation=1, session=None) == [older_job]
+    assert storage.list_step_dirs() == [layout.StepDir(10, NEW), ours]
+
+
+def test_retention_never_deletes_a_newer_generations_folders(storage):
+    """A job whose lease was taken over (it is fenced before pruning) still cannot delete what
+    the job after it wrote, even in the instant between its lease check and the deletion."""
+    newer = [_fake_step(storage, step, NEXT_JOB, commit=True) for step in (5, 6, 7)]
+    newer.append(_fake_step(storage, 8, NEXT_JOB, commit=False))
+    _fake_step(storage, 30, NEW, commit=True)
+    assert prune(storage, num_to_keep=2, generation=1, session=NEW) == []
+    assert set(newer) <= set(storage.list_step_dirs())
+
+
+def test_the_timeline_orders_commits_not_the_step_number(storage):
+    """An attempt that rolled back (step 120 would not load) resumed from 100 and committed 105:
+    105 is the newest commit of the run, so a later restore loads it, and retention keeps it."""
+    for step in (100, 110, 120):
+        _fake_step(storage, step, OLD, commit=True)
+    _fake_step(storage, 105, NEW, commit=True)
+    assert [d.step for d in committed_steps(storage)] == [105, 120, 110, 100]
+    deleted = prune(storage, num_to_keep=2, generation=1, session=NEW)
+    assert {d.step for d in deleted} == {110, 100}
+    assert [d.step for d in committed_steps(storage)] == [105, 120]
+
+
+def test_quarantined_steps_do_not_count_against_num_to_keep(storage):
+    for step in (10, 20, 30):
+        _fake_step(storage, step, NEW, commit=True)
+    bad = layout.StepDir(30, NEW)
+    deleted = prune(storage, num_to_keep=2, generation=1, session=NEW, quarantined={bad})
+    assert deleted == []  # 30 is kept but counts for nothing: 20 and 10 are the two loadable
+    _fake_step(storage, 40, NEW, commit=True)
+    assert set(prune(storage, num_to_keep=2, generation=1, session=NEW, quarantined={bad})) \
+        == {layout.StepDir(10, NEW)}
+
+
+def test_folders_from_before_session_ids_carried_a_generation_sort_oldest(storage):
+    legacy = _fake_step(storage, 500, "f3c9a1b2c3d4e5f6", commit=True)  # a random old session
+    _fake_step(storage, 10, NEW, commit=True)
+    assert committed_steps(storage, generation=1) == [layout.StepDir(10, NEW), legacy]
+    assert prune(storage, num_to_keep=1, generation=1, session=NEW) == []  # never ours to delete
+
+
+def test_a_fence_that_refuses_leaves_the_step_uncommitted(storage):
+    from ray_resilience.checkpoint.errors import LeaseLostError  # noqa: PLC0415 - new in the fix
+
+    step_dir = layout.StepDir(10, NEW)
+    storage.make_dir(step_dir.name)
+
+    def lost():
+        raise LeaseLostError("run", "lease", "the run was taken over")
+    with pytest.raises(LeaseLostError):
+        commit_step(storage, step_dir, world_size=1, metadata=b"md", files={}, fence=lost)
+    assert read_manifest(storage, step_dir) is None and committed_steps(storage) == []
 
 
 @pytest.mark.parametrize("edit, error", [

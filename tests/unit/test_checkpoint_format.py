@@ -26,6 +26,7 @@ from ray_resilience._internal.checkpoint.format.readers import SafeLoadPlanner, 
 from ray_resilience._internal.checkpoint.format.shard_io import read_verified, write_shard
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, capture, state_dict_of
+from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.wire import SaveTicket
 from ray_resilience.checkpoint.errors import (
     CheckpointCorruptError,
@@ -48,13 +49,15 @@ def test_step_dir_names_round_trip_and_sort_by_step():
 
 @pytest.mark.parametrize("name", ["..", "step_../..", "step_000000000001_../x",
                                   "step_1_0123456789abcdef", "step_000000000001_0123456789ABCDEF",
-                                  "tmp", "step_000000000001"])
+                                  "tmp", "step_000000000001",
+                                  "step_000000000120_3f9c0a1b2c3d4e5f\n"])
 def test_foreign_folder_names_are_ignored(name):
     assert layout.parse_step_dir(name) is None
 
 
 @pytest.mark.parametrize("name", ["../__0_0.distcp", "/etc/passwd", "a/__0_0.distcp",
-                                  "__0_0.distcp/..", "__x_0.distcp", "evil.pkl", ""])
+                                  "__0_0.distcp/..", "__x_0.distcp", "evil.pkl", "",
+                                  "__0_0.distcp\n", ".metadata\n"])
 def test_file_names_from_storage_cannot_leave_the_step_folder(name):
     with pytest.raises(UnsafeCheckpointError, match="not a checkpoint file name"):
         layout.check_file_name(name, where="manifest")
@@ -257,14 +260,18 @@ def test_a_load_needing_part_of_a_file_reads_and_checks_only_those_bytes(storage
 # --- metadata safety --------------------------------------------------------------------------
 
 class _Exploit:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
     def __reduce__(self):
-        return (os.system, ("touch /tmp/rr-pwned",))
+        return (os.system, (f"touch {self.marker}",))
 
 
-def test_metadata_unpickler_refuses_foreign_globals():
+def test_metadata_unpickler_refuses_foreign_globals(tmp_path):
+    marker = tmp_path / "pwned"  # this test's own: concurrent runs share /tmp
     with pytest.raises(UnsafeCheckpointError, match="posix.system|os.system"):
-        loads_metadata(pickle.dumps(_Exploit()), path="step/.metadata")
-    assert not os.path.exists("/tmp/rr-pwned")
+        loads_metadata(pickle.dumps(_Exploit(str(marker))), path="step/.metadata")
+    assert not marker.exists()
 
 
 def test_metadata_with_escaping_path_is_refused(storage):
@@ -275,3 +282,25 @@ def test_metadata_with_escaping_path_is_refused(storage):
     md.storage_data[index].relative_path = "../../../etc/passwd"
     with pytest.raises(UnsafeCheckpointError, match="etc/passwd"):
         loads_metadata(dumps_metadata(md), path="tampered")
+
+
+# --- what could never load is never saved -----------------------------------------------------
+
+class _Warmup:
+    """A schedule object kept in a param group: torch.save takes it, weights_only loads refuse."""
+
+    def __init__(self) -> None:
+        self.steps = 10
+
+
+def test_a_state_item_that_could_never_load_is_refused_at_save_time():
+    model = build_model("tiny", seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.param_groups[0]["warmup"] = _Warmup()
+    with pytest.raises(CheckpointStateError) as info:
+        StateCache().source(model, optimizer)
+    message = str(info.value)
+    assert "optimizer.param_groups.0.warmup" in message and "_Warmup" in message
+    assert "weights_only=True" in message
+    optimizer.param_groups[0]["warmup"] = {"steps": 10}  # its settings instead: saved fine
+    assert StateCache().source(model, optimizer).blobs

@@ -1,6 +1,6 @@
 """The local tier off the training thread: snapshots staged and copied while the next step
-runs, written by the pipeline's local writer (`local_writer.py`), at an interval chosen from
-measured costs (`local_schedule.py`).
+runs, written by the pipeline's local writer (`local/writer.py`), at an interval chosen from
+measured costs (`local/schedule.py`).
 
 One process, no Ray: a plain model and AdamW, one rank (its agreement is local).
 """
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from ray_resilience._internal.checkpoint.format.extra_codec import snapshot_extra
-from ray_resilience._internal.checkpoint.rank import local_schedule
 from ray_resilience._internal.checkpoint.rank.agreement import Agreement
 from ray_resilience._internal.checkpoint.rank.handoff import HandoffPipeline, WriterLink
-from ray_resilience._internal.checkpoint.rank.local_schedule import LocalSchedule
-from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots, layout_digest
+from ray_resilience._internal.checkpoint.rank.local import schedule as local_schedule
+from ray_resilience._internal.checkpoint.rank.local.schedule import LocalSchedule
+from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, layout_digest
 from ray_resilience._internal.checkpoint.rank.slots import LocalWrite, RankSaveStats
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience.checkpoint import CheckpointConfig

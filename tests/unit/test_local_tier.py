@@ -1,4 +1,4 @@
-"""The local tier's files (`local_tier.py`): snapshots in node-local shared memory, two files
+"""The local tier's files (`local/tier.py`): snapshots in node-local shared memory, two files
 per rank, a checksum over the data.
 
 One process, no Ray: a plain model and AdamW, snapshotted through staging buffers as the
@@ -24,7 +24,6 @@ from ray_resilience._internal.checkpoint.format.local_roots import (
     remove_stale_roots,
     run_root,
 )
-from ray_resilience._internal.checkpoint.rank import local_space, local_tier
 from ray_resilience._internal.checkpoint.rank.loader import (
     LoadTarget,
     _apply,
@@ -32,7 +31,9 @@ from ray_resilience._internal.checkpoint.rank.loader import (
     _newest_common,
     _try_local,
 )
-from ray_resilience._internal.checkpoint.rank.local_tier import (
+from ray_resilience._internal.checkpoint.rank.local import space as local_space
+from ray_resilience._internal.checkpoint.rank.local import tier as local_tier
+from ray_resilience._internal.checkpoint.rank.local.tier import (
     HEADER_BYTES,
     LocalSnapshots,
 )
@@ -150,20 +151,21 @@ def test_a_full_tmpfs_is_found_before_any_data_is_written(tmp_path, monkeypatch)
 
 def test_writer_locks_keep_live_runs_and_clean_up_dead_ones(tmp_path):
     parent = tmp_path / "ray_resilience"
-    live = RootLock(run_root(str(tmp_path), "live run/1", "aa"))
-    assert os.path.basename(live.root) == "live_run_1-aa"
-    dead = parent / "dead-bb"
+    node = "0123456789abcdef"
+    live = RootLock(run_root(str(tmp_path), "live run/1", "aaaaaaaaaaaa") + f"-{node}")
+    assert os.path.basename(live.root) == f"live_run_1-aaaaaaaaaaaa-{node}"
+    dead = parent / f"dead-bbbbbbbbbbbb-{node}"
     dead.mkdir()
     (dead / LOCK_NAME).touch()  # its writer is gone: nobody holds the lock
     (dead / "rank0.0").write_bytes(b"x" * HEADER_BYTES)
-    young, old = parent / "young-cc", parent / "old-dd"
+    young, old = parent / f"young-cccccccccccc-{node}", parent / f"old-dddddddddddd-{node}"
     young.mkdir()
     old.mkdir()
     os.utime(old, (time.time() - 3600, time.time() - 3600))  # no lock, an hour old
     removed = remove_stale_roots(str(parent))
-    assert sorted(map(os.path.basename, removed)) == ["dead-bb", "old-dd"]
+    assert sorted(map(os.path.basename, removed)) == [dead.name, old.name]
     assert os.path.isdir(live.root) and young.is_dir()
-    RootLock(run_root(str(tmp_path), "second", "ee"))  # a new writer never removes a live root
+    RootLock(run_root(str(tmp_path), "second", "eeeeeeeeeeee") + f"-{node}")  # never a live one
     assert os.path.isdir(live.root)
     live.remove()
     assert not os.path.exists(live.root)

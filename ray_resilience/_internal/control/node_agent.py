@@ -64,11 +64,11 @@ class NodeAgent:
                          activity)
 
     def vote(self, coordinator: Any, session: str, step: int, rank: int, ready: bool,
-             plan_id: str, keys: Any, wait_s: float) -> Any:
+             plan_id: str, keys: Any, wait_s: float, world_size: int | None = None) -> Any:
         """A rank's vote in a save round (`CommitCoordinator.vote`'s arguments), sent with the
         node's other votes of that round in one `vote_many`; returns this rank's outcome."""
         return self._votes.vote(coordinator, session, step, rank, ready, plan_id, keys, wait_s,
-                                checkpoint_call_timeout_s())
+                                checkpoint_call_timeout_s(), world_size)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):

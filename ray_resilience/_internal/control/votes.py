@@ -25,6 +25,7 @@ class _Gathering:
         self.done = threading.Event()
         self.results: dict[int, Any] = {}
         self.error: BaseException | None = None
+        self.world_size: int | None = None
 
 
 class VoteGatherer:
@@ -44,7 +45,8 @@ class VoteGatherer:
         return max(1, sum(1 for a in self._ranks.values() if a == newest))
 
     def vote(self, coordinator: Any, session: str, step: int, rank: int, ready: bool,
-             plan_id: str, keys: Any, wait_s: float, timeout_s: float) -> Any:
+             plan_id: str, keys: Any, wait_s: float, timeout_s: float,
+             world_size: int | None = None) -> Any:
         key = (session, step)
         with self._lock:
             gathering = self._open.get(key)
@@ -52,6 +54,7 @@ class VoteGatherer:
             if leader:
                 gathering = self._open[key] = _Gathering()
             gathering.votes[rank] = (ready, plan_id, keys)
+            gathering.world_size = world_size
             if len(gathering.votes) >= self._expected():
                 gathering.full.set()
         if leader:
@@ -71,8 +74,8 @@ class VoteGatherer:
                 del self._open[key]  # later voters start the next gathering
             votes = dict(gathering.votes)
         try:
-            gathering.results = ray.get(coordinator.vote_many.remote(key[0], key[1], votes,
-                                                                     wait_s), timeout=timeout_s)
+            gathering.results = ray.get(coordinator.vote_many.remote(
+                key[0], key[1], votes, wait_s, gathering.world_size), timeout=timeout_s)
         except BaseException as exc:  # noqa: BLE001 - every voter of this call sees it
             gathering.error = exc
         finally:

@@ -1,6 +1,8 @@
-"""The supervisor's side of the run's checkpoint service: started beside the ranks, polled for
-commits (emitted as events), given writers for new nodes, shut down with the run. Every
-method is a no-op when the run has no `CheckpointConfig`."""
+"""The supervisor's side of the run's checkpoint service: the run's lease (taken before any actor
+that writes, renewed until the last one is gone), the service started beside the ranks, polled
+for commits and dropped saves (emitted as events), given writers for new nodes and back to a
+restarted coordinator, shut down with the run. Every method is a no-op when the run has no
+`CheckpointConfig`."""
 
 from __future__ import annotations
 
@@ -8,17 +10,28 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import ray
+
+from ray_resilience._internal.constants import (
+    DEFAULT_FINAL_SAVE_TIMEOUT_S,
+    FINAL_SAVE_TIMEOUT_ENV_VAR,
+    env_float,
+)
 from ray_resilience._internal.supervisor.run_record import Clock, RunRecord
-from ray_resilience.callbacks import CheckpointCommitted
+from ray_resilience.callbacks import CheckpointCommitted, CheckpointDropped
 from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.errors import CheckpointError
 
 if TYPE_CHECKING:
+    from ray_resilience._internal.checkpoint.service.lease_keeper import LeaseKeeper
     from ray_resilience._internal.checkpoint.service.service import CheckpointService
 
 log = logging.getLogger(__name__)
 
 COMMIT_POLL_INTERVAL_S = 0.25
-"""How often the supervisor asks for the newest committed step."""
+"""How often the supervisor asks for the newest committed step and dropped saves."""
+MAX_DROPPED_KEPT = 1000
+"""Dropped saves listed in the outcome; later ones are only counted."""
 
 
 class RunCheckpoints:
@@ -31,15 +44,38 @@ class RunCheckpoints:
         self._storage_path, self._storage_fs = storage_path, storage_filesystem
         self._record, self._clock, self._emit = record, clock, emit
         self.service: CheckpointService | None = None
+        self.lease: LeaseKeeper | None = None
         self.last_commit: int | None = None
         """The newest committed step seen (at start: the step a run of the same name resumes)."""
+        self.dropped: list[CheckpointDropped] = []
+        """Saves asked for and never committed (the first `MAX_DROPPED_KEPT`)."""
+        self._received = 0
+        self._overflow: dict[str, int] = {}
+        """Per coordinator incarnation: saves it counted beyond those it kept."""
         self._final_stats: dict[str, Any] | None = None
         self._started = False
         self._poll_at = 0.0
+        self._cursor, self._incarnation = 0, None
 
     @property
     def enabled(self) -> bool:
         return self.config is not None
+
+    def claim(self, should_stop: Callable[[], bool]) -> None:
+        """Takes the run's lease (RunInUseError while another job holds it, after waiting up
+        to `lease_wait_s`); before any actor that writes checkpoints exists."""
+        if self.config is None:
+            return
+        from ray_resilience._internal.checkpoint.format.storage import (  # noqa: PLC0415 - loaded only by runs that checkpoint
+            CheckpointStorage,
+        )
+        from ray_resilience._internal.checkpoint.service.lease_keeper import (  # noqa: PLC0415 - see above
+            LeaseKeeper,
+        )
+
+        storage = CheckpointStorage.for_run(self._storage_path, self.run_name, self._storage_fs)
+        storage.check_writable()
+        self.lease = LeaseKeeper.claim(storage, self.run_name, self.config, should_stop)
 
     def start(self, node_ids: list[str]) -> None:
         """Starts the coordinator and a writer per node (processes that import torch)."""
@@ -51,7 +87,7 @@ class RunCheckpoints:
         self.service = CheckpointService.start(
             storage_path=self._storage_path, run_name=self.run_name,
             storage_filesystem=self._storage_fs, world_size=len(node_ids),
-            node_ids_by_rank=node_ids, config=self.config)
+            node_ids_by_rank=node_ids, config=self.config, lease=self.lease)
         self._started = True
         self._record.startup_phase("start_checkpointing", t0, self._clock.time())
         self.last_commit = self.service.latest_committed_step()
@@ -64,16 +100,56 @@ class RunCheckpoints:
         if self.service is not None:
             self.service.ensure_writers(node_ids)
 
-    def poll(self, *, force: bool = False) -> None:
-        """Emits a newly committed checkpoint (a cheap call, at most 4 per second)."""
+    def poll(self, *, force: bool = False) -> CheckpointError | None:
+        """Emits new commits and dropped saves (a cheap call, at most 4 per second); returns the
+        error that must end the run: another job took the run, or the coordinator is gone."""
+        if self.lease is not None and self.lease.lost is not None:
+            return self.lease.lost
         now = self._clock.monotonic()
         if self.service is None or (not force and now < self._poll_at):
-            return
+            return None
         self._poll_at = now + COMMIT_POLL_INTERVAL_S
-        step = self.service.latest_committed_step()
+        try:
+            info = self._poll_service()
+        except ray.exceptions.RayActorError as exc:
+            return CheckpointError(f"the commit coordinator of run {self.run_name} died and "
+                                   f"could not be restarted: {exc}")
+        except ray.exceptions.GetTimeoutError:
+            log.warning("the commit coordinator did not answer; asking again")
+            return None
+        for event in info["dropped"]:
+            self._dropped(event)
+        step = info["latest"]
         if step is not None and step != self.last_commit:
             self.last_commit = step
             self._emit(CheckpointCommitted(step=step, t=self._clock.time()))
+        fenced = info["fenced"]
+        return fenced if fenced is not None and fenced.final else None
+
+    def _poll_service(self) -> dict[str, Any]:
+        """The coordinator's news since the last poll; after it restarted, it gets its writers
+        back and its news are read from the start."""
+        info = self.service.poll(self._cursor)
+        if info["incarnation"] != self._incarnation:
+            if self._incarnation is not None:
+                log.warning("the commit coordinator restarted; handing it its writers back")
+                self.service.recover()
+                info = self.service.poll(0)
+            self._incarnation = info["incarnation"]
+        self._overflow[info["incarnation"]] = info["dropped_total"] - info["cursor"]
+        self._cursor = info["cursor"]
+        return info
+
+    def _dropped(self, event: CheckpointDropped) -> None:
+        self._received += 1
+        if len(self.dropped) < MAX_DROPPED_KEPT:
+            self.dropped.append(event)
+        self._emit(event)
+
+    @property
+    def dropped_total(self) -> int:
+        """Every save dropped, also those beyond the ones listed."""
+        return self._received + sum(self._overflow.values())
 
     def stats(self) -> dict[str, Any] | None:
         """The service's counters (`CheckpointService.stats`), None without one."""
@@ -81,16 +157,20 @@ class RunCheckpoints:
         return service.stats() if service is not None else self._final_stats
 
     def shutdown(self) -> None:
-        """Notes the last commit and the final counters, then stops the service."""
-        if self.service is None:
-            return
-        try:
-            self.poll(force=True)
-            self._final_stats = self.service.stats()
-        except Exception:  # stats are informative only
-            log.exception("checkpoint stats unavailable")
-        service, self.service = self.service, None
-        service.shutdown()
+        """Lets complete steps commit, notes the last commit, the dropped saves and the final
+        counters, stops the service, then releases the lease."""
+        if self.service is not None:
+            service = self.service
+            try:
+                service.drain(env_float(FINAL_SAVE_TIMEOUT_ENV_VAR, DEFAULT_FINAL_SAVE_TIMEOUT_S))
+                self.poll(force=True)
+                self._final_stats = service.stats()
+            except Exception:  # stats are informative only
+                log.exception("checkpoint stats unavailable")
+            self.service = None
+            service.shutdown()
+        if self.lease is not None:
+            self.lease.close()
 
     def summary(self) -> dict[str, Any] | None:
         """`Result.checkpoint`: the newest commit, the loads and phases, restore seconds per

@@ -23,6 +23,7 @@ from ray.util import metrics as ray_metrics
 from ray_resilience.callbacks import (
     Callback,
     CheckpointCommitted,
+    CheckpointDropped,
     CheckpointSaved,
     RecoveryDone,
     RunEnded,
@@ -66,6 +67,10 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(kind="histogram", name="ray_resilience_checkpoint_blocking_s",
                description="Seconds a save blocked the training thread (max over ranks).",
                boundaries=tuple(_LATENCY_BUCKETS_S)),
+    MetricSpec(kind="counter", name="ray_resilience_checkpoint_dropped",
+               description="Checkpoint saves asked for and never committed, by why (torn, "
+                           "skipped, coalesced, failed, restart, fenced, not_committed).",
+               tag_keys=("kind",)),
     MetricSpec(kind="gauge", name="ray_resilience_checkpoint_age_s",
                description="Seconds since the newest committed checkpoint."),
     MetricSpec(kind="gauge", name="ray_resilience_training_goodput",
@@ -129,6 +134,10 @@ class RunMetrics:
             self._last_commit_at = self._clock()
             self._record("ray_resilience_checkpoint_age_s", "set", 0.0)
 
+    def on_dropped(self, kind: str) -> None:
+        """A requested checkpoint save will never be committed."""
+        self._record("ray_resilience_checkpoint_dropped", "inc", 1.0, {"kind": kind})
+
     def on_restart(
         self, cause: str, mechanism: str, recovery_s: float | None, rollback_steps: int | None,
         rank: int | None = None,
@@ -178,6 +187,9 @@ class MetricsCallback(Callback):
 
     def on_checkpoint_committed(self, event: CheckpointCommitted) -> None:
         self.metrics.on_checkpoint(event.step, committed=True)
+
+    def on_checkpoint_dropped(self, event: CheckpointDropped) -> None:
+        self.metrics.on_dropped(event.kind)
 
     def on_recovery_done(self, event: RecoveryDone) -> None:
         self.metrics.on_restart(event.cause.value, event.mechanism, event.recovery_s,

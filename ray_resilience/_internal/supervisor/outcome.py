@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ray_resilience.callbacks import CheckpointDropped
 from ray_resilience.errors import RunAbortedError
 from ray_resilience.result import Result
 
@@ -37,6 +38,10 @@ class RunOutcome:
     timeouts: dict[str, Any] | None = None
     checkpoint: dict[str, Any] | None = None
     phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    dropped_saves: list[CheckpointDropped] = dataclasses.field(default_factory=list)
+    """Every save asked for and never committed (the first 1000), in the order it was lost."""
+    dropped_total: int = 0
+    """How many saves were dropped in all."""
     callback_failures: dict[str, int] = dataclasses.field(default_factory=dict)
     """Hook calls that raised, by "CallbackClass.hook" (each logged in the supervisor)."""
 
@@ -45,14 +50,28 @@ class RunOutcome:
         """The outcome when the supervisor actor itself died (its record died with it)."""
         return cls(state="failed", error=RunAbortedError(f"the supervisor actor died: {exc}"))
 
+    def dropped_summary(self) -> str | None:
+        """One line on the dropped saves for the driver's warning; None when there were none."""
+        if not self.dropped_total:
+            return None
+        shown = "; ".join(f"step {d.step}{'' if d.rank is None else f' rank {d.rank}'}: "
+                          f"{d.kind} ({d.reason})" for d in self.dropped_saves[:5])
+        more = self.dropped_total - min(len(self.dropped_saves), 5)
+        return (f"{self.dropped_total} checkpoint save(s) were not committed: {shown}"
+                + (f"; and {more} more (Result.checkpoint['dropped'])" if more > 0 else ""))
+
     def to_result(self, path: str, loads: Callable[[bytes], Any],
                   history: list[dict[str, Any]] | None = None) -> Result:
         """The user's `Result`; `loads` unpickles the ranks' return values; `history`, read
         from the metrics log, replaces the supervisor's window."""
+        checkpoint = self.checkpoint
+        if checkpoint is not None:
+            checkpoint = {**checkpoint, "dropped": [d.describe() for d in self.dropped_saves],
+                          "dropped_total": self.dropped_total}
         return Result(
             metrics=self.metrics, path=path, control=self.control,
             metrics_history=self.metrics_history if history is None else history,
             error=self.error, state=self.state, attempts=self.attempts, faults=self.faults,
             return_values=[None if v is None else loads(v) for v in self.return_values],
             worker_pids=self.worker_pids, wall_s=self.wall_s, goodput=self.goodput,
-            timeouts=self.timeouts, checkpoint=self.checkpoint, phases=self.phases)
+            timeouts=self.timeouts, checkpoint=checkpoint, phases=self.phases)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from ray_resilience.callbacks import (
     Callback,
     CheckpointCommitted,
+    CheckpointDropped,
     CheckpointSaved,
     FaultDetected,
     RecoveryDone,
@@ -133,3 +134,7 @@ class RecentEvents(Callback):
 
     def on_checkpoint_committed(self, event: CheckpointCommitted) -> None:
         self._add(event.t, f"checkpoint of step {event.step} committed")
+
+    def on_checkpoint_dropped(self, event: CheckpointDropped) -> None:
+        who = "" if event.rank is None else f" (rank {event.rank})"
+        self._add(event.t, f"checkpoint of step {event.step} dropped{who}: {event.kind}")

@@ -54,6 +54,7 @@ from ray_resilience._internal.supervisor.state import (
 )
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
+from ray_resilience.checkpoint.errors import CheckpointError
 from ray_resilience.config import ResilienceConfig, ScalingConfig
 from ray_resilience.errors import (
     ConfigError,
@@ -225,7 +226,11 @@ class Supervisor:
         self._dispatcher.flush()
 
     def _on_scheduling(self, _: State) -> State:
-        """Creates the worker group and waits for its placement group."""
+        """Takes the run's lease, creates the worker group and waits for its placement group."""
+        try:
+            self._checkpoints.claim(self._abort.is_set)
+        except CheckpointError as exc:  # another job holds the run, or storage refused the lease
+            return Ended(RunState.FAILED, exc)
         in_job = self._cfg.in_job
         self._group = self._group_factory(
             scaling=self._scaling, train_fn=self._train_fn, train_config=self._train_config,
@@ -301,7 +306,9 @@ class Supervisor:
         self._futures = group.launch(specs)
 
     def _on_running(self, current: State) -> State:
-        self._checkpoints.poll()
+        lost = self._checkpoints.poll()
+        if lost is not None:  # another job took the run over: this one may not go on
+            return Ended(RunState.FAILED, lost)
         self._upkeep()
         self._watch_preemption()
         self._flush_metrics()
@@ -462,6 +469,8 @@ class Supervisor:
             worker_pids=self._pids, wall_s=self._t_end - self._t_start, goodput=goodput,
             timeouts=self._timeouts.snapshot(), checkpoint=self._checkpoints.summary(),
             phases=list(self.record.phases),
+            dropped_saves=list(self._checkpoints.dropped),
+            dropped_total=self._checkpoints.dropped_total,
             callback_failures=self._dispatcher.failures())
 
     def _control_summary(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The commit protocol on storage: the manifest (commit marker, written last and atomically),
-discovery, retention and cleanup. Pure functions over `CheckpointStorage`.
+discovery in timeline order, retention and cleanup. Pure functions over `CheckpointStorage`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import json
 import logging
 import time
 import zlib
+from collections.abc import Callable, Collection
 
 from ray_resilience._internal.checkpoint.format import layout
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
@@ -59,12 +60,16 @@ class Manifest:
 
 
 def commit_step(storage: CheckpointStorage, step_dir: layout.StepDir, *, world_size: int,
-                metadata: bytes, files: dict[str, FileDigest]) -> Manifest:
-    """Writes `.metadata`, then the manifest that commits the step. Both writes are atomic."""
+                metadata: bytes, files: dict[str, FileDigest],
+                fence: Callable[[], None] | None = None) -> Manifest:
+    """Writes `.metadata`, then the manifest that commits the step (both atomic). `fence()` runs
+    right before the manifest: it raises when this job may no longer commit (the run's lease)."""
     storage.write_atomic(f"{step_dir.name}/{layout.METADATA_NAME}", metadata)
     all_files = dict(files)
     all_files[layout.METADATA_NAME] = FileDigest(len(metadata), zlib.crc32(metadata))
     manifest = Manifest(step_dir, world_size, all_files, time.time())
+    if fence is not None:
+        fence()
     storage.write_atomic(f"{step_dir.name}/{layout.MANIFEST_NAME}", manifest.to_bytes())
     return manifest
 
@@ -79,21 +84,14 @@ def read_manifest(storage: CheckpointStorage, step_dir: layout.StepDir) -> Manif
     return Manifest.parse(data, step_dir, path=storage.display(rel))
 
 
-def committed_steps(storage: CheckpointStorage) -> list[layout.StepDir]:
-    """Committed step folders, newest first (by step; the later commit of a step first)."""
+def committed_steps(storage: CheckpointStorage, *,
+                    generation: int | None = None) -> list[layout.StepDir]:
+    """Committed step folders, newest first on the run's timeline (`layout.timeline_key`): after
+    a rollback, the resumed attempt's commits come before the abandoned ones, whatever their step.
+    """
     found = [d for d in storage.list_step_dirs()
              if storage.exists(f"{d.name}/{layout.MANIFEST_NAME}")]
-    steps = [d.step for d in found]
-    if len(set(steps)) == len(steps):
-        return sorted(found, key=lambda d: d.step, reverse=True)
-    # Two attempts committed the same step (a resume from an older checkpoint): newest wins.
-    def commit_time(d: layout.StepDir) -> float:
-        try:
-            manifest = read_manifest(storage, d)
-        except CheckpointCorruptError:
-            return 0.0
-        return manifest.committed_at if manifest else 0.0
-    return sorted(found, key=lambda d: (d.step, commit_time(d)), reverse=True)
+    return sorted(found, key=lambda d: layout.timeline_key(d, generation), reverse=True)
 
 
 def delete_step(storage: CheckpointStorage, step_dir: layout.StepDir) -> None:
@@ -102,23 +100,42 @@ def delete_step(storage: CheckpointStorage, step_dir: layout.StepDir) -> None:
     storage.delete_dir(step_dir.name)
 
 
-def prune(storage: CheckpointStorage, *, num_to_keep: int, keep_session: str | None,
-          newest_committed: layout.StepDir | None) -> list[layout.StepDir]:
-    """Deletes committed steps beyond the newest `num_to_keep` and folders that can no longer
-    commit; folders of `keep_session` above its newest commit are in flight and kept."""
-    committed = committed_steps(storage)
-    doomed = committed[num_to_keep:]
-    committed_set = set(committed)
-    for step_dir in storage.list_step_dirs():
-        if step_dir in committed_set:
-            continue
-        in_flight = step_dir.session == keep_session and (
-            newest_committed is None or step_dir.step > newest_committed.step)
-        if not in_flight:
+def prune(storage: CheckpointStorage, *, num_to_keep: int, generation: int,
+          session: str | None, quarantined: Collection[layout.StepDir] = ()
+          ) -> list[layout.StepDir]:
+    """Deletes what can no longer be loaded or committed, never a folder of a newer generation
+    than this job's (`generation`: its lease). Kept: the newest `num_to_keep` committed steps on
+    the timeline that are not `quarantined` (quarantined ones newer than the last of those too);
+    `session`'s folders above its newest commit (in flight); with `session` None (unknown, the
+    coordinator just restarted), every folder of this generation."""
+    committed = committed_steps(storage, generation=generation)
+    doomed, kept = [], 0
+    for step_dir in committed:
+        if kept >= num_to_keep:
             doomed.append(step_dir)
+        elif step_dir not in quarantined:
+            kept += 1
+    newest_own = next((d for d in committed if d.session == session), None)
+    committed_set = set(committed)
+    doomed += [d for d in storage.list_step_dirs() if d not in committed_set
+               and not _may_still_commit(d, generation, session, newest_own)]
+    doomed = [d for d in doomed if layout.session_generation(d.session) <= generation]
     for step_dir in doomed:
         delete_step(storage, step_dir)
     if doomed:
         logger.info("checkpoint cleanup under %s removed %s", storage.display(),
                     [d.name for d in doomed])
     return doomed
+
+
+def _may_still_commit(step_dir: layout.StepDir, generation: int, session: str | None,
+                      newest_own: layout.StepDir | None) -> bool:
+    """Whether an uncommitted folder may still be committed (or belongs to a newer job)."""
+    folder_generation = layout.session_generation(step_dir.session)
+    if folder_generation != generation:
+        return folder_generation > generation
+    if session is None:
+        return True
+    if step_dir.session != session:  # a later session than the current one: never ours to end
+        return layout.session_order(step_dir.session) > layout.session_order(session)
+    return newest_own is None or step_dir.step > newest_own.step

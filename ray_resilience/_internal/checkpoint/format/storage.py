@@ -22,7 +22,6 @@ from ray_resilience.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def resolve(storage_path: str,
@@ -40,18 +39,6 @@ def resolve(storage_path: str,
                           "s3://bucket/prefix[?endpoint_override=host:port&scheme=http].") from exc
 
 
-def _with_env_credentials(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """Static S3 keys from this process's env made explicit (actors do not see the driver's env)."""
-    if not isinstance(fs, pafs.S3FileSystem) or not os.environ.get(_AWS_ENV[0]):
-        return fs
-    options = dict(fs.__reduce__()[1][0])
-    if options.get("access_key") or options.get("anonymous") or options.get("role_arn"):
-        return fs
-    options.update(access_key=os.environ[_AWS_ENV[0]], secret_key=os.environ.get(_AWS_ENV[1], ""),
-                   session_token=os.environ.get(_AWS_ENV[2]) or None)
-    return pafs.S3FileSystem._reconstruct(options)
-
-
 class CheckpointStorage:
     """Files under `<run_dir>/checkpoints/`; paths are relative to that folder, '/'-separated."""
 
@@ -62,9 +49,11 @@ class CheckpointStorage:
     @classmethod
     def for_run(cls, storage_path: str, run_name: str,
                 filesystem: pafs.FileSystem | None = None) -> CheckpointStorage:
-        """Storage for `<storage_path>/<run_name>/checkpoints` (a path, file:// or s3:// URI)."""
+        """Storage for `<storage_path>/<run_name>/checkpoints` (a path, file:// or s3:// URI).
+        S3 credentials are not copied in: every process that unpickles it (coordinator, writers,
+        ranks) resolves them from its own AWS credential chain (environment, profile, IRSA),
+        unless `filesystem` was built with explicit keys."""
         fs, base = resolve(storage_path, filesystem)
-        fs = _with_env_credentials(fs)
         root = posixpath.join(base, run_name, layout.CHECKPOINTS_DIR)
         local = isinstance(fs, pafs.LocalFileSystem)
         display = root if local else f"{fs.type_name}://{root}"

@@ -5,7 +5,6 @@ default group is not gloo; local for a single rank. Saves use no collective (`ro
 from __future__ import annotations
 
 import datetime
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -69,11 +68,9 @@ class Agreement:
         dist.all_gather_object(out, obj, group=self.group())
         return out
 
-    def new_session(self, begin: Callable[[str], None]) -> str:
-        """A fresh random session id, the same on every rank (rank 0 registers it first)."""
-        token = secrets.token_hex(8) if self.rank == 0 else ""
-        if self.rank == 0:
-            begin(token)
+    def new_session(self, begin: Callable[[], str]) -> str:
+        """A new session id, the same on every rank: rank 0 gets it from `begin()`."""
+        token = begin() if self.rank == 0 else ""
         if not self._distributed():
             return token
         box = [token]

@@ -17,7 +17,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot
 from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
-from ray_resilience._internal.checkpoint.rank.local_writer import LocalWriter
+from ray_resilience._internal.checkpoint.rank.drops import DropReporter
+from ray_resilience._internal.checkpoint.rank.local.writer import LocalWriter
 from ray_resilience._internal.checkpoint.rank.slots import (
     LocalWrite,
     RankSaveStats,
@@ -58,6 +59,8 @@ class _Round:
     slot: Slot | None
     plan_id: str
     keys: list[tuple[str, int]]
+    why: tuple[str, str] | None = None
+    """(kind, reason) once this rank dropped the save before its round (`CheckpointDropped`)."""
 
 
 class WriterLink:
@@ -85,6 +88,7 @@ class HandoffPipeline:
                  schedule: Any = None) -> None:
         self.rank, self.world_size, self.config = rank, world_size, config
         self.link, self.stats = link, stats
+        self.drops = DropReporter(rank, link.coordinator)
         # One lock, a condition per thread: a save wakes only the thread that has work.
         lock = threading.RLock()
         self.cond = threading.Condition(lock)
@@ -115,11 +119,15 @@ class HandoffPipeline:
         """A new attempt: rounds and unvoted snapshots of the old session are dropped."""
         with self.cond:
             self.session, self._sent_plans = session, set()
-            for rnd in [r for r in self._rounds if r is not self._voting]:
+            removed = [r for r in self._rounds if r is not self._voting]
+            for rnd in removed:
                 self._rounds.remove(rnd)
             dropped = self.pool.drop_unvoted()
             self.stats.counts["dropped_at_restart"] += dropped
             self.cond.notify_all()
+        for rnd in removed:
+            self.drops.report(rnd.session, rnd.step, *(rnd.why or (
+                "restart", "a new attempt began before its save round")))
 
     def stage(self, step: int, source: SaveSource, extra: ExtraSnapshot, *,
               copy_all_now: bool, save: bool = True, local: LocalWrite | None = None) -> bool:
@@ -128,15 +136,20 @@ class HandoffPipeline:
         taken."""
         policy, save_step = self.config.in_flight_policy, save
         with self.cond:
-            slot = None
+            slot, why = None, None
             if save and policy == "skip" and self.busy():
                 self.stats.counts["skipped"] += 1
                 save = False
+                why = ("skipped", "the previous save was still in flight (in_flight_policy="
+                                  "'skip')")
             if save or local is not None:
-                slot = self._acquire(source, save=save, local=local is not None)
+                slot = self._acquire(source, step, save=save, local=local is not None)
                 if slot is None:
                     self.stats.counts["skipped" if save else "local_skipped"] += 1
-            rnd = _Round(self.session, step, slot if save else None, source.plan_id, source.keys)
+                    if save:
+                        why = ("skipped", "both snapshot slots were still in use")
+            rnd = _Round(self.session, step, slot if save else None, source.plan_id, source.keys,
+                         why)
             if save_step and (slot is None or not save):
                 self._rounds.append(rnd)  # this rank votes "not ready"
                 self.cond.notify_all()
@@ -165,7 +178,8 @@ class HandoffPipeline:
         self.stats.counts["staged" if save else "local_staged"] += 1
         return save or not save_step
 
-    def _acquire(self, source: SaveSource, *, save: bool, local: bool) -> Slot | None:
+    def _acquire(self, source: SaveSource, step: int, *, save: bool,
+                 local: bool) -> Slot | None:
         """A slot for the snapshot (caller holds the condition). A save never waits for one (its
         policy decides); a local step waits for the local writer to free one, because every
         local step must be written for a restart to redo at most the interval (the wait is
@@ -176,17 +190,19 @@ class HandoffPipeline:
                 source.items, source.tensors,
                 may_withdraw=save and self.config.in_flight_policy == "coalesce")
             if withdrawn is not None:
-                self._withdraw(withdrawn)
+                self._withdraw(withdrawn, step)
             left = deadline - time.monotonic()
             if slot is not None or not local or self._closed or left <= 0:
                 return slot
             self.stats.counts["local_slot_waits"] += 1
             self.cond.wait(min(left, self.config.warn_interval_s))
 
-    def _withdraw(self, slot: Slot) -> None:
+    def _withdraw(self, slot: Slot, newer: int) -> None:
         for rnd in self._rounds:
             if rnd.slot is slot:
                 rnd.slot = None
+                rnd.why = ("coalesced", f"replaced by the save of step {newer} while the "
+                                        "previous one was in flight")
         slot.release()
         self.stats.counts["coalesced"] += 1
 
@@ -219,7 +235,9 @@ class HandoffPipeline:
                 if not self.cond.wait(wait) and self.busy():
                     logger.warning("rank %d: %s; still waiting after %.0f s (%s)", self.rank, why,
                                    time.monotonic() - start, self.describe())
-            return not self.busy()
+            idle = not self.busy()
+        left = 10.0 if deadline is None else deadline - time.monotonic()
+        return self.drops.flush(min(left, 10.0)) and idle
 
     def describe(self) -> str:
         slots = ", ".join(f"step {s.step} {s.state.value}" for s in self.pool.slots if s.state.busy)
@@ -279,6 +297,9 @@ class HandoffPipeline:
                 slot = rnd.slot
                 claimed = result.claimed and slot is not None and slot.state is SlotState.VOTING \
                     and rnd.session == self.session and not self._closed
+                dropped = None if claimed or self._closed else self._why_dropped(rnd, slot, result)
+                if result.reason.startswith(("plan unknown", "round unknown")):
+                    self._sent_plans.clear()  # a restarted coordinator: plans go again
                 if claimed:
                     slot.state = SlotState.PUTTING
                 elif slot is not None and slot.step == rnd.step and slot.state in (
@@ -287,8 +308,24 @@ class HandoffPipeline:
                     self.stats.counts["coalesced" if superseded else "not_claimed"] += 1
                     slot.release()
                 self.cond.notify_all()
+            if dropped is not None:
+                self.drops.report(rnd.session, rnd.step, *dropped)
             if claimed:
                 self._hand_off(slot, result.owned)
+
+    def _why_dropped(self, rnd: _Round, slot: Slot | None,
+                     result: RoundResult) -> tuple[str, str] | None:
+        """(kind, reason) of an unclaimed round, None when another rank was not ready (it says
+        why)."""
+        if rnd.why is not None:
+            return rnd.why
+        if slot is not None and slot.step == rnd.step and slot.torn is not None:
+            return ("torn", slot.torn)
+        if result.not_ready and self.rank not in result.not_ready:
+            return None
+        if rnd.session != self.session or result.reason == "session ended":
+            return ("restart", "a new attempt began before its save round ended")
+        return ("not_committed", f"its save round ended unclaimed ({result.reason})")
 
     def _wait_ready(self, rnd: _Round) -> bool:
         """Under the condition: True (slot now VOTING) or False, once this rank knows."""
@@ -311,6 +348,8 @@ class HandoffPipeline:
                 slot.state = SlotState.VOTING
                 return True
             if self.config.in_flight_policy == "coalesce" and len(self._rounds) > 1:
+                rnd.why = ("coalesced", f"replaced by the save of step {self._rounds[-1].step} "
+                                        "while the previous one was in flight")
                 return False  # a newer save is here: it replaces this one
             self.cond.wait(self.config.warn_interval_s)
 
@@ -321,7 +360,7 @@ class HandoffPipeline:
             return RoundResult(False, "session ended")
         try:
             args = (rnd.session, rnd.step, self.rank, ready, rnd.plan_id, keys,
-                    _vote_wait_s() if ready else 0.0)
+                    _vote_wait_s() if ready else 0.0, self.world_size)
             relay = self.link.relay
             call = relay.vote.remote(coordinator, *args) if relay is not None \
                 else coordinator.vote.remote(*args)
@@ -472,3 +511,4 @@ class HandoffPipeline:
         logger.warning("rank %d: checkpoint of step %d was not saved: %s. Training continues; the "
                        "previous committed checkpoint stays loadable.", self.rank, ticket.step,
                        outcome.error)
+        self.drops.report(ticket.session, ticket.step, "failed", str(outcome.error))

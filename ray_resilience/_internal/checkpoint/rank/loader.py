@@ -1,6 +1,7 @@
 """Loading the newest checkpoint on every rank: the local tier when every rank holds the step,
-else the committed steps newest first, each rank from writer memory, a replica or storage; the
-ranks agree on the outcome and fall back together, naming the file.
+else the committed steps newest first, each rank from writer memory, a replica or storage
+(transient storage errors retried with backoff); the ranks agree on the outcome and fall back
+together, naming the file, and a step none could load is quarantined.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from ray_resilience._internal.checkpoint.format.readers import (
     SafeLoadPlanner,
     StorageShardReader,
 )
-from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
 from ray_resilience._internal.checkpoint.rank.agreement import Agreement
-from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots, layout_digest
+from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, layout_digest
 from ray_resilience._internal.checkpoint.rank.snapshot import (
     MODEL_KEY,
     OPTIMIZER_KEY,
@@ -36,7 +37,12 @@ from ray_resilience._internal.checkpoint.rank.snapshot import (
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.wire import is_tensor_item, item_nbytes, layout_key
 from ray_resilience._internal.constants import checkpoint_call_timeout_s
-from ray_resilience.checkpoint.errors import CheckpointCorruptError, CheckpointLoadError
+from ray_resilience.checkpoint.config import CheckpointConfig
+from ray_resilience.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointLoadError,
+    CheckpointStorageError,
+)
 from ray_resilience.checkpoint.loaded import LoadedCheckpoint
 
 logger = logging.getLogger(__name__)
@@ -53,6 +59,8 @@ class LoadTarget:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     local: LocalSnapshots | None = None
+    config: CheckpointConfig | None = None
+    """Its storage retries apply to reads too (None: no retry)."""
 
 
 def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | None:
@@ -81,11 +89,11 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
         failures.append(f"local step {common[1]} ({reason})")
         logger.warning("rank %d: local snapshot of step %d is not loadable on every rank (%s); "
                        "trying the next newest step", target.rank, common[1], reason)
-    if target.local is not None:  # what follows starts a new timeline: no old file may mix in
-        target.local.keep_only(None, None)
     for step_dir in candidates:
         state, loaded, error = _try_step(target, step_dir, holders.get(step_dir))
         if agreement.all_true(loaded is not None):
+            if target.local is not None:  # a new timeline starts: no old file may mix in
+                target.local.keep_only(None, None)
             _apply(target.model, target.optimizer, state)
             loaded = dataclasses.replace(loaded, fallbacks=tuple(failures))
             logger.info("rank %d: resumed from checkpoint step %d (%s tier)", target.rank,
@@ -96,8 +104,12 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
         failures.append(f"step {step_dir.step} ({reason})")
         logger.warning("rank %d: checkpoint step %d is not loadable on every rank (%s); falling "
                        "back to the previous committed step", target.rank, step_dir.step, reason)
-    if candidates:
+        if target.rank == 0:
+            _quarantine(target, step_dir, reason)
+    if candidates:  # local snapshots stay: a storage outage must not cost them too
         raise CheckpointLoadError(target.storage.display(), failures)
+    if target.local is not None:  # training starts over: a new timeline
+        target.local.keep_only(None, None)
     return None
 
 
@@ -156,7 +168,7 @@ def _try_step(target: LoadTarget, step_dir: layout.StepDir, holders: list[Any] |
                 break
         tier = "memory"
         if extra is None:
-            extra, tier = _from_storage(target, step_dir, state), "storage"
+            extra, tier = _from_storage_retrying(target, step_dir, state), "storage"
         return state, LoadedCheckpoint(step=step_dir.step, extra=extra, tier=tier, path=path,
                                        replica=replica), None
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank falls back together
@@ -192,6 +204,35 @@ def _load_snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer | No
     payload = ray.get(payload_ref, timeout=checkpoint_call_timeout_s())
     _dcp_load(state, MemoryShardReader(items, payload, where=where))
     return decode_extra(payload.extra, path=where)
+
+
+def _from_storage_retrying(target: LoadTarget, step_dir: layout.StepDir, state: dict) -> dict:
+    """`_from_storage`, again from the start after a transient storage error (as configured for
+    writes: `num_storage_retries`, with backoff)."""
+    def attempt() -> dict:
+        try:
+            return _from_storage(target, step_dir, state)
+        except CheckpointException as exc:  # DCP wraps the reader's error: retry on what it was
+            inner = _inner(exc)
+            if isinstance(inner, CheckpointStorageError):
+                raise inner from exc
+            raise
+    config = target.config
+    if config is None:
+        return attempt()
+    return retrying(attempt, what=f"rank {target.rank}: reading checkpoint step {step_dir.step}",
+                    num_retries=config.num_storage_retries,
+                    backoff_s=config.storage_retry_backoff_s,
+                    max_backoff_s=config.storage_retry_max_backoff_s)
+
+
+def _quarantine(target: LoadTarget, step_dir: layout.StepDir, reason: str) -> None:
+    """No rank could use this step: the coordinator offers it no more (this job)."""
+    try:
+        ray.get(target.coordinator.quarantine.remote(step_dir.name, reason),
+                timeout=checkpoint_call_timeout_s())
+    except Exception as exc:  # noqa: BLE001 - the fallback goes on; the next load tries it again
+        logger.warning("rank 0: could not quarantine step %d: %s", step_dir.step, exc)
 
 
 def _from_storage(target: LoadTarget, step_dir: layout.StepDir, state: dict) -> dict:
@@ -235,10 +276,16 @@ def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     _apply(model, optimizer, state)
 
 
-def _describe(exc: BaseException) -> str:
-    """The most specific message: DCP wraps reader errors in a CheckpointException."""
+def _inner(exc: BaseException) -> BaseException:
+    """The reader's own error: DCP wraps it in a CheckpointException."""
     for failure in getattr(exc, "failures", {}).values():
         inner = failure[0] if isinstance(failure, tuple) else failure
         if isinstance(inner, BaseException):
-            return f"{type(inner).__name__}: {inner}"
-    return f"{type(exc).__name__}: {exc}"
+            return inner
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    """The most specific message."""
+    inner = _inner(exc)
+    return f"{type(inner).__name__}: {inner}"

@@ -18,17 +18,20 @@ from ray_resilience._internal.checkpoint.format.local_roots import node_root
 from ray_resilience._internal.checkpoint.rank.agreement import Agreement
 from ray_resilience._internal.checkpoint.rank.handoff import HandoffPipeline, WriterLink
 from ray_resilience._internal.checkpoint.rank.loader import LoadTarget, load_newest
-from ray_resilience._internal.checkpoint.rank.local_schedule import LocalSchedule
-from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots, layout_digest
+from ray_resilience._internal.checkpoint.rank.local.schedule import LocalSchedule
+from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, layout_digest
 from ray_resilience._internal.checkpoint.rank.slots import LocalWrite, RankSaveStats, SlotState
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
-from ray_resilience._internal.constants import checkpoint_call_timeout_s, env_float
+from ray_resilience._internal.constants import (
+    TEST_COPY_DELAY_ENV_VAR,
+    checkpoint_call_timeout_s,
+    env_float,
+)
 from ray_resilience.checkpoint.loaded import LoadedCheckpoint
 
 logger = logging.getLogger(__name__)
-COPY_DELAY_ENV_VAR = "RAY_RESILIENCE_TEST_SNAPSHOT_COPY_DELAY_S"
-"""Tests only: the background copy starts this late, so the optimizer-step guard must hold."""
+COPY_DELAY_ENV_VAR = TEST_COPY_DELAY_ENV_VAR
 
 
 class RankCheckpointer:
@@ -206,7 +209,7 @@ class RankCheckpointer:
         target = LoadTarget(rank=self.rank, storage=self.spec.storage,
                             coordinator=self.spec.coordinator,
                             memory_tier=self.config.memory_tier, model=model, optimizer=optimizer,
-                            local=self._local)
+                            local=self._local, config=self.config)
         loaded = load_newest(target, self._agreement)
         if self._local is not None:
             if self._local.disabled is not None:
@@ -219,11 +222,11 @@ class RankCheckpointer:
         self._session = self._agreement.new_session(self._register_session)
         self._pipeline.begin_session(self._session)
 
-    def _register_session(self, session: str) -> None:
+    def _register_session(self) -> str:
         import ray  # noqa: PLC0415 - only rank 0 talks to the coordinator here
 
-        ray.get(self.spec.coordinator.begin_session.remote(session, self.world_size),
-                timeout=checkpoint_call_timeout_s())
+        return ray.get(self.spec.coordinator.new_session.remote(self.world_size),
+                       timeout=checkpoint_call_timeout_s())
 
 
     def end_attempt(self) -> None:

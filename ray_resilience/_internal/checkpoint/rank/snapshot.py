@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import re
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 from torch.distributed.tensor import DTensor
 
 from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item, item_nbytes
+from ray_resilience.checkpoint.errors import CheckpointStateError
 
 MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
 
@@ -67,13 +69,31 @@ class CapturedState:
 
 
 def serialize_item(fqn: str, value: Any, cache: dict[str, tuple[Any, bytes]]) -> bytes:
-    """`torch.save` bytes of a byte item's value, reused while the value stays equal."""
+    """`torch.save` bytes of a byte item's value, reused while the value stays equal; refused
+    (CheckpointStateError) when loads, which use `weights_only=True`, could never read them."""
     cached = cache.get(fqn)
     if cached is None or type(cached[0]) is not type(value) or not _same(cached[0], value):
         buffer = io.BytesIO()
         torch.save(value, buffer)
-        cached = cache[fqn] = (copy.deepcopy(value), buffer.getvalue())
+        data = buffer.getvalue()
+        _check_loadable(fqn, value, data)
+        cached = cache[fqn] = (copy.deepcopy(value), data)
     return cached[1]
+
+
+def _check_loadable(fqn: str, value: Any, data: bytes) -> None:
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any refusal means the checkpoint could never load
+        text = str(exc)
+        found = re.search(r"WeightsUnpickler error: (.*?)(?: Please use|\n|$)", text)
+        detail = found.group(1) if found else text.strip().split("\n")[0][:300]
+        raise CheckpointStateError(fqn, (
+            f"a {type(value).__module__}.{type(value).__qualname__} would be saved but could "
+            f"never be restored: loads use torch.load(weights_only=True), which refuses it "
+            f"({detail}). Keep tensors, numbers, strings and containers of them in the model and "
+            "optimizer state (e.g. a schedule's settings, not the object), or allow the class "
+            "with torch.serialization.add_safe_globals on every rank"), where="state") from None
 
 
 def _same(a: Any, b: Any) -> bool:

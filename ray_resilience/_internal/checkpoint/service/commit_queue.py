@@ -52,11 +52,20 @@ class CommitQueue:
                     with self._lock:
                         self._committing = None
 
-    def keep_only(self, session: str) -> None:
-        """A new session began: drops what older sessions reported and has not begun to commit."""
+    def keep_only(self, session: str) -> list[tuple[Key, list[int]]]:
+        """A new session began: drops what older sessions reported and has not begun to commit;
+        returns the dropped steps with the ranks that had reported."""
         with self._lock:
+            dropped = [(k, sorted(v)) for k, v in self._arrived.items() if k[0] != session]
+            dropped += [(k, sorted(v)) for k, v in self._complete if k[0] != session]
             self._arrived = {k: v for k, v in self._arrived.items() if k[0] == session}
             self._complete = collections.deque(e for e in self._complete if e[0][0] == session)
+            return dropped
+
+    def busy(self) -> bool:
+        """A complete step waits for, or is in, its commit."""
+        with self._lock:
+            return bool(self._complete) or self._committing is not None
 
     def pending(self) -> dict[str, list[int] | str]:
         """For stats: "session:step" -> the ranks reported so far, or "queued" / "committing"."""

@@ -22,6 +22,8 @@ class RoundResult:
     """"claimed", "not ready: ranks [..]", "rank r moved on", "session ended", "plan unknown"."""
     owned: tuple[bool, ...] | None = None
     """When claimed: for each of the asking rank's items, whether it writes that item."""
+    not_ready: tuple[int, ...] = ()
+    """When ranks voted not ready: which (each of them reports why it dropped the save)."""
 
 
 @dataclasses.dataclass
@@ -30,6 +32,7 @@ class _Round:
     """rank -> (ready, plan id)."""
     outcome: tuple[bool, str] | None = None
     owners: list[list[bool]] | None = None
+    not_ready: tuple[int, ...] = ()
 
 
 class RoundTable:
@@ -87,7 +90,7 @@ class RoundTable:
             return None
         claimed, reason = rnd.outcome
         if not claimed:
-            return RoundResult(False, reason)
+            return RoundResult(False, reason, not_ready=rnd.not_ready)
         return RoundResult(True, reason, tuple(rnd.owners[rank]))
 
     def waiting_for(self, session: str, step: int) -> list[int]:
@@ -100,7 +103,7 @@ class RoundTable:
     def _resolve(self, rnd: _Round) -> None:
         not_ready = sorted(r for r, (ready, _) in rnd.votes.items() if not ready)
         if not_ready:
-            rnd.outcome = (False, f"not ready: ranks {not_ready}")
+            rnd.outcome, rnd.not_ready = (False, f"not ready: ranks {not_ready}"), tuple(not_ready)
             return
         plan_ids = tuple(rnd.votes[r][1] for r in range(self.world_size))
         owners = self._owners.get(plan_ids)

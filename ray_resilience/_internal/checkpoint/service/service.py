@@ -1,5 +1,5 @@
 """`CheckpointService`: the supervisor's handle on the coordinator and the writers; hands out
-a `RankCheckpointSpec` per rank.
+a `RankCheckpointSpec` per rank, and brings a restarted coordinator its writers back.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pyarrow.fs as pafs
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_resilience._internal.checkpoint.format.local_roots import run_root
+from ray_resilience._internal.checkpoint.format.local_roots import check_local_dir, run_root
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.service.coordinator import CommitCoordinator
+from ray_resilience._internal.checkpoint.service.lease_keeper import LeaseKeeper
 from ray_resilience._internal.checkpoint.service.writer_pool import (
     launch_writer,
     with_suppressed_kill,
@@ -23,6 +24,8 @@ from ray_resilience._internal.constants import checkpoint_call_timeout_s
 from ray_resilience.checkpoint.config import CheckpointConfig
 
 COORDINATOR_MAX_CONCURRENCY = 64
+COORDINATOR_MAX_RESTARTS = 10
+"""Restarts of a crashed commit coordinator (its calls are retried on the new instance)."""
 
 
 class CheckpointService:
@@ -30,48 +33,72 @@ class CheckpointService:
     end."""
 
     def __init__(self, *, storage: CheckpointStorage, config: CheckpointConfig, coordinator: Any,
-                 writers: list[tuple[Any, str]], local_root: str | None = None) -> None:
+                 writers: list[tuple[Any, str]], local_root: str | None = None,
+                 lease: LeaseKeeper | None = None, owns_lease: bool = False,
+                 slots: dict | None = None, node_ids: list[str] | None = None) -> None:
         self.storage, self.config, self._coordinator = storage, config, coordinator
         self.local_root = local_root
         self._writers = writers
+        self.lease, self._owns_lease = lease, owns_lease
+        self._slots, self._node_ids = slots or {}, list(node_ids or [])
 
     @classmethod
     def start(cls, *, storage_path: str, run_name: str, storage_filesystem: pafs.FileSystem | None,
               world_size: int, node_ids_by_rank: list[str], config: CheckpointConfig,
-              ) -> CheckpointService:
-        """Checks storage, starts the coordinator on this (the supervisor's) node, and the
-        writers."""
+              lease: LeaseKeeper | None = None) -> CheckpointService:
+        """Checks storage and `local_dir`, takes the run's lease unless `lease` holds it (then the
+        caller renews and releases it), starts the coordinator on this (the supervisor's) node,
+        and the writers."""
         if len(node_ids_by_rank) != world_size:
             raise ValueError(f"node_ids_by_rank has {len(node_ids_by_rank)} entries for "
                              f"world_size={world_size}; give one node id per rank")
         storage = CheckpointStorage.for_run(storage_path, run_name, storage_filesystem)
         storage.check_writable()
+        if config.local_interval_steps:
+            check_local_dir(config.local_dir)
+        owns = lease is None
+        lease = LeaseKeeper.claim(storage, run_name, config) if owns else lease
+        try:
+            return cls._start_actors(storage, config, run_name, node_ids_by_rank, lease, owns)
+        except BaseException:
+            if owns:
+                lease.close()
+            raise
+
+    @classmethod
+    def _start_actors(cls, storage: CheckpointStorage, config: CheckpointConfig, run_name: str,
+                      node_ids_by_rank: list[str], lease: LeaseKeeper,
+                      owns: bool) -> CheckpointService:
         here = ray.get_runtime_context().get_node_id()
         local_root = (run_root(config.local_dir, run_name, secrets.token_hex(6))
                       if config.local_interval_steps else None)
         # Every rank may hold one call waiting on a save round, besides writers and the supervisor.
-        concurrency = max(COORDINATOR_MAX_CONCURRENCY, 2 * world_size + 16)
+        concurrency = max(COORDINATOR_MAX_CONCURRENCY, 2 * len(node_ids_by_rank) + 16)
         coordinator = ray.remote(CommitCoordinator).options(
-            num_cpus=0, max_concurrency=concurrency, max_restarts=0,
+            num_cpus=0, max_concurrency=concurrency, max_restarts=COORDINATOR_MAX_RESTARTS,
+            max_task_retries=-1,  # a call cut by a crash reaches the restarted instance
             # On the supervisor's node.
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-        ).remote(storage=storage, config=config, local_root=local_root)
-        # Writers start alongside the coordinator (each imports torch), which adopts them.
+        ).remote(storage=storage, config=config, local_root=local_root, fence=lease.fence)
+        # Writers start alongside the coordinator (each imports torch), which adopts them; they
+        # belong to this process, so they outlive a crash of the coordinator.
         launched = {(node, index): launch_writer(storage=storage, config=config,
                                                  coordinator=coordinator, node_id=node,
                                                  index=index, local_root=local_root)
                     for node in dict.fromkeys(node_ids_by_rank)
                     for index in range(config.writers_per_node)}
         try:
-            writers = ray.get(coordinator.ensure_writers.remote(list(node_ids_by_rank), launched),
-                              timeout=checkpoint_call_timeout_s())
+            writers, slots = ray.get(
+                coordinator.ensure_writers.remote(list(node_ids_by_rank), launched),
+                timeout=checkpoint_call_timeout_s())
         except BaseException:
-            ray.kill(coordinator)
+            ray.kill(coordinator, no_restart=True)
             for _, handle in launched.values():
                 with_suppressed_kill(handle)
             raise
         return cls(storage=storage, config=config, coordinator=coordinator, writers=writers,
-                   local_root=local_root)
+                   local_root=local_root, lease=lease, owns_lease=owns, slots=slots,
+                   node_ids=node_ids_by_rank)
 
     def rank_spec(self, rank: int) -> RankCheckpointSpec:
         writer, writer_id = self._writers[rank]
@@ -82,9 +109,18 @@ class CheckpointService:
 
     def ensure_writers(self, node_ids_by_rank: list[str]) -> list[RankCheckpointSpec]:
         """After a respawn (or a shrink): replaces dead writers, serves new nodes; fresh specs."""
-        self._writers = ray.get(self._coordinator.ensure_writers.remote(list(node_ids_by_rank)),
-                                timeout=checkpoint_call_timeout_s())
+        self._writers, self._slots = ray.get(
+            self._coordinator.ensure_writers.remote(list(node_ids_by_rank)),
+            timeout=checkpoint_call_timeout_s())
+        self._node_ids = list(node_ids_by_rank)
         return [self.rank_spec(rank) for rank in range(len(self._writers))]
+
+    def recover(self) -> None:
+        """The coordinator restarted: it adopts the writers that still answer (new ones for the
+        others), which report their durable, uncommitted shards again."""
+        self._writers, self._slots = ray.get(
+            self._coordinator.ensure_writers.remote(self._node_ids, self._slots, True),
+            timeout=checkpoint_call_timeout_s())
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Waits until the coordinator and writers finished importing DCP (benchmarks call it so
@@ -97,6 +133,10 @@ class CheckpointService:
         return ray.get(self._coordinator.latest_committed_step.remote(),
                        timeout=checkpoint_call_timeout_s())
 
+    def poll(self, cursor: int) -> dict[str, Any]:
+        """`CommitCoordinator.poll`: newest commit, dropped saves from `cursor`, lease, restarts."""
+        return ray.get(self._coordinator.poll.remote(cursor), timeout=checkpoint_call_timeout_s())
+
     def stats(self) -> dict[str, Any]:
         """Committed and pending steps, commit latencies, and per writer its memory and counters."""
         stats = ray.get(self._coordinator.stats.remote(), timeout=checkpoint_call_timeout_s())
@@ -105,13 +145,20 @@ class CheckpointService:
         stats["run_checkpoints_dir"] = self.storage.display()
         return stats
 
+    def drain(self, timeout_s: float) -> bool:
+        """Waits up to `timeout_s` until every step all ranks made durable is committed."""
+        return ray.get(self._coordinator.drain.remote(timeout_s), timeout=timeout_s + 60)
+
     def shutdown(self) -> None:
-        """Stops the writers and the coordinator (in-flight writes are abandoned)."""
+        """Stops the writers and the coordinator (in-flight writes are abandoned); releases the
+        lease this service took."""
         try:
             ray.get(self._coordinator.shutdown.remote(), timeout=60)
         except Exception:  # noqa: BLE001 - killed below either way
             pass
         try:
-            ray.kill(self._coordinator)
+            ray.kill(self._coordinator, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
+        if self._owns_lease:
+            self.lease.close()

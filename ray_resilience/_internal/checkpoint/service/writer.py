@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from ray_resilience._internal.checkpoint.format import commit, layout
+from ray_resilience._internal.checkpoint.format.lease import Fence
 from ray_resilience._internal.checkpoint.format.local_roots import RootLock, node_root
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
 from ray_resilience._internal.checkpoint.service.replica_pull import pull_replica
@@ -45,6 +46,8 @@ class _Shard:
     boxed: list[Any]
     nbytes: int
     durable: bool = False
+    report: tuple[str, float, bytes] | None = None
+    """What `shard_durable` was sent (sent again to a restarted coordinator)."""
 
 
 class CheckpointWriter:
@@ -139,25 +142,38 @@ class CheckpointWriter:
         except Exception as exc:  # noqa: BLE001 - any failure loses this shard only
             self._fail(key, ticket, exc, time.time() - start)
             return
-        with self._cond:
-            shard.durable = True
-            if not self.config.memory_tier:
-                shard.boxed.clear()
         report = ShardReport(
             session=ticket.session, step=ticket.step, rank=ticket.rank,
             world_size=ticket.world_size, writer_id=self.writer_id, files=files,
             written_items=written, storage_infos=infos,
             planner_data=ticket.planner_data, staged_at=ticket.staged_at, durable_at=time.time(),
             nbytes=shard.nbytes)
+        with self._cond:
+            shard.durable = True
+            shard.report = (self.writer_id, ticket.staged_at, dumps(report))
+            if not self.config.memory_tier:
+                shard.boxed.clear()
         self._coordinator.shard_durable.remote(
-            ticket.session, ticket.step, ticket.rank, ticket.world_size,
-            (self.writer_id, ticket.staged_at, dumps(report)))
+            ticket.session, ticket.step, ticket.rank, ticket.world_size, shard.report)
         self._finish(key, ShardOutcome(ticket.session, ticket.step, True,
                                        write_s=time.time() - start))
 
-    def commit_step(self, session: str, step: int, reports: dict[int, bytes]) -> None:
+    def resend_durable(self) -> int:
+        """Reports again every durable shard not yet committed (the coordinator restarted and
+        lost the reports it had); returns how many."""
+        with self._cond:
+            held = [s for s in self._shards.values() if s.durable and s.report is not None]
+        for shard in held:
+            ticket = shard.ticket
+            self._coordinator.shard_durable.remote(ticket.session, ticket.step, ticket.rank,
+                                                   ticket.world_size, shard.report)
+        return len(held)
+
+    def commit_step(self, session: str, step: int, reports: dict[int, bytes],
+                    fence: Fence | None = None) -> None:
         """Builds DCP's `.metadata` from every rank's `ShardReport` and writes it and the commit
-        manifest, retried like shard writes; raises when the step could not be committed."""
+        manifest, retried like shard writes, the run's lease checked right before the manifest;
+        raises when the step could not be committed (LeaseLostError: this job lost the run)."""
         # DCP: imported by the WarmImport thread, never at this module's import.
         from ray_resilience._internal.checkpoint.format.dcp_metadata import (  # noqa: PLC0415 - see above
             build_metadata,
@@ -172,7 +188,8 @@ class CheckpointWriter:
             save_id=step_dir.name))
         files = {name: digest for r in ordered for name, digest in r.files.items()}
         self._retrying(lambda: commit.commit_step(self.storage, step_dir, world_size=len(ordered),
-                                                  metadata=metadata, files=files),
+                                                  metadata=metadata, files=files,
+                                                  fence=None if fence is None else fence.check),
                        f"committing step {step}")
 
     def _retrying(self, fn: Any, what: str) -> Any:

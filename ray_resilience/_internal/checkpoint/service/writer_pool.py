@@ -27,6 +27,8 @@ from ray_resilience.checkpoint.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 WRITER_MAX_CONCURRENCY = 64
+_ADOPTED = "adopted:"
+"""Marks a `launched` writer that ran before (`slots()`): replaced, not fatal, if it is gone."""
 
 
 def _ping_timeout_s() -> float:
@@ -53,10 +55,20 @@ class WriterPool:
         self._rank_slot: dict[int, tuple[str, int]] = {}
 
     def _start(self, node_id: str, index: int, launched: tuple[str, Any] | None = None) -> _Slot:
-        """A writer for (node, index), answering; adopts `launched` if given."""
-        writer_id, handle = launched or launch_writer(
+        """A writer for (node, index), answering; adopts `launched` if it answers (else, when
+        that one ran before, e.g. for a restarted coordinator, starts a new one)."""
+        if launched is not None:
+            try:
+                return self._answering(node_id, index, *launched)
+            except CheckpointError:
+                if not launched[0].startswith(_ADOPTED):
+                    raise
+        writer_id, handle = launch_writer(
             storage=self._storage, config=self._config, coordinator=self._coordinator,
             node_id=node_id, index=index, local_root=self._local_root)
+        return self._answering(node_id, index, writer_id, handle)
+
+    def _answering(self, node_id: str, index: int, writer_id: str, handle: Any) -> _Slot:
         start_timeout_s = env_float(WRITER_START_TIMEOUT_ENV_VAR, DEFAULT_WRITER_START_TIMEOUT_S)
         try:
             ray.get(handle.ping.remote(), timeout=start_timeout_s)
@@ -66,7 +78,7 @@ class WriterPool:
                 f"checkpoint writer for node {node_id} did not start within "
                 f"{start_timeout_s:.0f} s ({type(exc).__name__}: {exc}); the node may be "
                 "gone or out of memory") from exc
-        return _Slot(node_id, index, writer_id, handle)
+        return _Slot(node_id, index, writer_id.removeprefix(_ADOPTED), handle)
 
     def _alive(self, slots: list[_Slot]) -> set[str]:
         refs = {s.handle.ping.remote(): s.writer_id for s in slots}
@@ -124,6 +136,11 @@ class WriterPool:
                 logger.warning("checkpoint writer %s died; replaced by %s", dead_writer_id,
                                self._slots[key].writer_id)
             return self._pair(rank)
+
+    def slots(self) -> dict[tuple[str, int], tuple[str, Any]]:
+        """Every writer by (node, index), to hand to a restarted coordinator as `launched`."""
+        with self._lock:
+            return {key: (_ADOPTED + s.writer_id, s.handle) for key, s in self._slots.items()}
 
     def writer_ids(self, *, node_id: str | None = None) -> list[str]:
         """The writers' ids (those on `node_id` only, if given)."""

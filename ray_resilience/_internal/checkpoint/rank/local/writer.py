@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ray_resilience._internal.checkpoint.rank.local_tier import LocalSnapshots
+from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots
 from ray_resilience._internal.checkpoint.rank.slots import Slot, SlotState
 from ray_resilience._internal.priority import defer_wakeups
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ray_resilience._internal.checkpoint.rank import local_space
+from ray_resilience._internal.checkpoint.format.local_roots import hold
+from ray_resilience._internal.checkpoint.rank.local import space as local_space
 from ray_resilience._internal.checkpoint.wire import ShardPayload, layout_key
 from ray_resilience.checkpoint.errors import CheckpointCorruptError
 
@@ -53,6 +54,8 @@ class LocalSnapshots:
     def __init__(self, root: str, rank: int) -> None:
         self.root, self.rank = root, rank
         self._fds: list[int | None] = [None, None]
+        self._lock: int | None = None
+        """Holds the run folder's lock shared: no cleanup removes it while this rank lives."""
         self._capacity = [0, 0]
         self._newest: int | None = None
         """The slot this process last wrote or restored from; the next write takes the other."""
@@ -95,7 +98,8 @@ class LocalSnapshots:
         fd = self._fds[slot]
         if fd is not None and self._capacity[slot] >= HEADER_BYTES + size:
             return fd
-        os.makedirs(self.root, exist_ok=True)
+        if self._lock is None:
+            self._lock = hold(self.root)  # creates the folder: private, never via a symlink
         capacity = slot_bytes(size)
         if fd is None:
             fd = os.open(self._path(slot), os.O_RDWR | os.O_CREAT, 0o600)
@@ -221,6 +225,9 @@ class LocalSnapshots:
                     os.unlink(self._path(slot))
                 except OSError:
                     pass
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 def slot_bytes(size: int) -> int:

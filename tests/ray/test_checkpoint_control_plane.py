@@ -1,0 +1,115 @@
+"""The checkpoint control plane's own faults, and nothing lost silently: the commit coordinator
+SIGKILLed mid-run (restarted, the run ends bit-equal, every save committed or accounted for); a
+save dropped because a tensor changed after `report` is listed in the Result with a warning; a
+step that does not load is quarantined, and a later restore follows the resumed timeline."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+import ray_resilience as rr
+from ray_resilience._internal.checkpoint.format.commit import committed_steps
+from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
+from ray_resilience._internal.constants import TEST_COPY_DELAY_ENV_VAR
+from ray_resilience.checkpoint import CheckpointConfig
+from ray_resilience.testing import Fault, FaultPlan
+from tests.support import workload
+from tests.support.checkpoint_harness import on_all, start_with, stop_ranks
+from tests.support.checkpoint_service import start_service, step_folder, wait_committed
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def test_a_killed_coordinator_restarts_and_the_run_loses_no_commit(clean_run, token_data_dir,
+                                                                    tmp_path):
+    """SIGKILL of the coordinator at step 5, then a rank's exception at step 9 whose restart
+    loads through the restarted coordinator."""
+    clean = clean_run(2, 12)
+    marker = str(tmp_path / "killed")
+    resilience = rr.ResilienceConfig(
+        in_process=rr.InProcessConfig(), first_step_timeout_s=120.0,
+        checkpoint=CheckpointConfig(interval_steps=2, num_to_keep=10),
+        fault_plan=FaultPlan.explicit([Fault(step=9, rank=1, kind="exception")]))
+    result = workload.fit(token_data_dir, str(tmp_path), "coordinator", max_steps=12,
+                          resilience=resilience, kill_coordinator_at_step=5, marker=marker)
+    assert result.ok, result.error
+    for rank in range(2):
+        workload.assert_bit_equal(result.return_values[rank]["state"],
+                                  clean.return_values[rank]["state"])
+    killed = result.return_values[0]["killed_coordinator"]
+    stats = result.checkpoint["stats"]
+    assert killed is not None and stats["pid"] != killed  # a new coordinator process finished
+    committed = {d.step for d in committed_steps(CheckpointStorage.for_run(str(tmp_path),
+                                                                           "coordinator"))}
+    dropped = {d["step"]: d for d in result.checkpoint["dropped"]}
+    assert result.checkpoint["latest_committed_step"] == 12 and 12 in committed
+    assert set(range(2, 13, 2)) <= committed | set(dropped), (committed, dropped)
+    assert len(set(dropped) - committed) <= 2, dropped  # at most the saves the faults cut
+
+
+def test_a_save_dropped_after_report_is_listed_and_warned_about(clean_run, token_data_dir,
+                                                                tmp_path, monkeypatch, caplog):
+    """The run's last save is torn (its tensors written in place before the copy ran): the run
+    ends "ok", but the Result says which save is missing and why, and the driver warns."""
+    clean = clean_run(2, 12)
+    monkeypatch.setenv(TEST_COPY_DELAY_ENV_VAR, "0.5")  # the write surely lands before the copy
+    resilience = rr.ResilienceConfig.disabled(
+        checkpoint=CheckpointConfig(interval_steps=2, snapshot="overlap"))
+    with caplog.at_level(logging.WARNING, logger="ray_resilience.trainer"):
+        result = workload.fit(token_data_dir, str(tmp_path), "torn", max_steps=12,
+                              resilience=resilience, touch_after_step=12)
+    assert result.ok, result.error
+    workload.assert_bit_equal(result.return_values[0]["state"], clean.return_values[0]["state"])
+    assert result.checkpoint["latest_committed_step"] == 10
+    dropped = result.checkpoint["dropped"]
+    assert sorted((d["step"], d["rank"], d["kind"]) for d in dropped) \
+        == [(12, 0, "torn"), (12, 1, "torn")], dropped
+    assert all("changed while" in d["reason"] for d in dropped)
+    assert result.checkpoint["dropped_total"] == 2
+    warning = [r.getMessage() for r in caplog.records if "not committed" in r.getMessage()]
+    assert len(warning) == 1 and "step 12" in warning[0] and "torn" in warning[0]
+
+
+def test_a_step_that_does_not_load_is_quarantined_and_the_resumed_timeline_wins(ray_session,
+                                                                                 tmp_path):
+    root = str(tmp_path)
+    service, ranks = start_with(lambda: start_service(root, 2, memory_tier=False,
+                                                      num_to_keep=3))
+    try:
+        for step in (2, 4, 6):
+            on_all(ranks, "save", step)
+            assert all(on_all(ranks, "wait_idle"))
+            wait_committed(service, step)
+        shard = os.path.join(step_folder(root, "run", 6), "__1_0.distcp")
+        with open(shard, "rb") as f:
+            good = f.read()
+        with open(shard, "r+b") as f:
+            f.seek(len(good) // 2)
+            f.write(b"\xff" * 64)  # damaged: its CRC no longer matches
+        loaded = on_all(ranks, "load")
+        assert [r["step"] for r in loaded] == [4, 4] and "CRC32" in loaded[0]["fallbacks"][0]
+        stats = service.stats()
+        assert list(stats["quarantined"]) == [os.path.basename(step_folder(root, "run", 6))]
+        assert service.latest_committed_step() == 4
+        loaded = on_all(ranks, "load")  # not tried again
+        assert [(r["step"], r["fallbacks"]) for r in loaded] == [(4, [])] * 2
+        on_all(ranks, "save", 5)  # the resumed attempt's first commit
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 5)
+        expected = on_all(ranks, "full_state")[0]
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+    with open(shard, "wb") as f:
+        f.write(good)  # step 6 would load again: it is still the abandoned timeline's
+    service, ranks = start_with(lambda: start_service(root, 2, memory_tier=False,
+                                                      num_to_keep=3))
+    try:
+        assert [r["step"] for r in on_all(ranks, "load")] == [5, 5]
+        workload.assert_bit_equal(on_all(ranks, "full_state")[0], expected)
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
