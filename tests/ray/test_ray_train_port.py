@@ -24,7 +24,7 @@ def test_the_ported_driver_ends_bit_equal_after_an_exception(ray_session, tmp_pa
         storage = tmp_path / label
         storage.mkdir()
         result = port["main"](["--storage_path", str(storage), "--steps", "6"] + extra)
-        runs[label] = (result, torch.load(storage / "final.pt"))
+        runs[label] = (result, torch.load(storage / "final.pt", weights_only=True))
     clean, fault = runs["clean"][0], runs["fault"][0]
     assert clean.attempts == 1 and not clean.faults
     assert fault.attempts == 2 and [f["cause"] for f in fault.faults] == ["exception"]

@@ -14,12 +14,13 @@ import torch
 
 from ray_resilience._internal.checkpoint.format.extra_codec import snapshot_extra
 from ray_resilience._internal.checkpoint.rank.agreement import Agreement
-from ray_resilience._internal.checkpoint.rank.handoff import HandoffPipeline, WriterLink
+from ray_resilience._internal.checkpoint.rank.handoff import HandoffPipeline
 from ray_resilience._internal.checkpoint.rank.local import schedule as local_schedule
 from ray_resilience._internal.checkpoint.rank.local.schedule import LocalSchedule
 from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, layout_digest
 from ray_resilience._internal.checkpoint.rank.slots import LocalWrite, RankSaveStats
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
 from tests.support.local_snapshots import _equal, _restore, _state, _step, _trained

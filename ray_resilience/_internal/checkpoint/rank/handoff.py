@@ -27,6 +27,7 @@ from ray_resilience._internal.checkpoint.rank.slots import (
     SlotState,
 )
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
+from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.service.rounds import RoundResult
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
 from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket, ShardOutcome
@@ -61,23 +62,6 @@ class _Round:
     keys: list[tuple[str, int]]
     why: tuple[str, str] | None = None
     """(kind, reason) once this rank dropped the save before its round (`CheckpointDropped`)."""
-
-
-class WriterLink:
-    """This rank's current writer; replaced through the coordinator when it dies."""
-
-    def __init__(self, *, rank: int, writer: Any, writer_id: str, coordinator: Any) -> None:
-        self.rank, self.handle = rank, writer
-        self.writer_id, self.coordinator = writer_id, coordinator
-        self.relay: Any = None
-        """The node agent that gathers this node's votes into one call (None: vote directly)."""
-
-    def replace(self) -> None:
-        dead = self.writer_id
-        self.handle, self.writer_id = ray.get(
-            self.coordinator.replace_writer.remote(self.rank, dead))
-        logger.warning("rank %d: checkpoint writer %s died; now using %s", self.rank, dead,
-                       self.writer_id)
 
 
 class HandoffPipeline:

@@ -16,12 +16,13 @@ import torch
 from ray_resilience._internal.checkpoint.format.extra_codec import snapshot_extra
 from ray_resilience._internal.checkpoint.format.local_roots import node_root
 from ray_resilience._internal.checkpoint.rank.agreement import Agreement
-from ray_resilience._internal.checkpoint.rank.handoff import HandoffPipeline, WriterLink
+from ray_resilience._internal.checkpoint.rank.handoff import HandoffPipeline
 from ray_resilience._internal.checkpoint.rank.loader import LoadTarget, load_newest
 from ray_resilience._internal.checkpoint.rank.local.schedule import LocalSchedule
 from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, layout_digest
 from ray_resilience._internal.checkpoint.rank.slots import LocalWrite, RankSaveStats, SlotState
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
 from ray_resilience._internal.constants import (
     TEST_COPY_DELAY_ENV_VAR,
