@@ -75,8 +75,9 @@ def test_round_trip_on_s3_and_resume_from_storage(ray_session, s3_server):
         stop_ranks(ranks)
         service.shutdown()
     files = [k for k in keys(s3_server, prefix) if k]  # "" is pyarrow's folder marker
-    assert {k.split("/")[1] for k in files} == {"__0_0.distcp", "__1_0.distcp", "__0_extra.json",
-                                                "__1_extra.json", ".metadata", "manifest.json"}
+    assert {k.split("/")[1] for k in files} == {
+        "__0_0.distcp", "__1_0.distcp", "__0_extra.json", "__1_extra.json", "__0_items.json",
+        "__1_items.json", ".metadata", "manifest.json"}
     assert len({k.split("/")[0] for k in files}) == 2, stats  # steps 2 and 4
     assert stats[0]["committed_steps"] == [4, 2], stats
     service, ranks = start_with(lambda: start_s3_service(s3_server, prefix, interval_steps=2))
