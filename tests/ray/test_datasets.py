@@ -66,7 +66,7 @@ def test_exception_and_sigkill_mid_epoch_end_bit_equal(clean, parquet_dir, tmp_p
                     resilience=rr.ResilienceConfig.default(checkpoint_interval=4,
                                                            fault_plan=plan))
     assert result.ok, result.error
-    assert [f["cause"] for f in result.faults] == ["exception", "process_killed"]
+    assert [f["cause"] for f in result.faults] == ["exception", "actor_died"]
     for rank in range(2):
         value = result.return_values[rank]
         assert value["attempt"] == 2 and value["resumed_from"] is not None

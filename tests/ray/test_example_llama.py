@@ -58,7 +58,7 @@ def test_hf_llama_fsdp2_survives_an_exception_and_a_sigkill_bit_equal(ray_sessio
                                Fault(step=6, rank=0, kind="sigkill")])
     faulty = _fit(token_data_dir, str(tmp_path / "faulty"), "hf-faults", plan)
     assert faulty.ok, faulty.error
-    assert [f["cause"] for f in faulty.faults] == ["exception", "process_killed"]
+    assert [f["cause"] for f in faulty.faults] == ["exception", "actor_died"]
     expected = _final_state(str(tmp_path / "clean"), "hf-clean", tmp_path)
     got = _final_state(str(tmp_path / "faulty"), "hf-faults", tmp_path)
     assert any(k.endswith("self_attn.q_proj.weight") for k in expected)  # transformers' names
