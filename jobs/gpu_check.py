@@ -106,10 +106,13 @@ def overlapped_snapshot(device: str) -> dict[str, Any]:
     from ray_resilience._internal.checkpoint.format.extra_codec import (  # noqa: PLC0415
         snapshot_extra,
     )
+    from ray_resilience._internal.checkpoint.format.local_roots import (  # noqa: PLC0415
+        node_root,
+        run_root,
+    )
     from ray_resilience._internal.checkpoint.rank import loader  # noqa: PLC0415
     from ray_resilience._internal.checkpoint.rank.handoff import (  # noqa: PLC0415
         HandoffPipeline,
-        WriterLink,
     )
     from ray_resilience._internal.checkpoint.rank.local.schedule import (  # noqa: PLC0415
         LocalSchedule,
@@ -123,13 +126,18 @@ def overlapped_snapshot(device: str) -> dict[str, Any]:
         RankSaveStats,
     )
     from ray_resilience._internal.checkpoint.rank.state_cache import StateCache  # noqa: PLC0415
+    from ray_resilience._internal.checkpoint.rank.writer_link import (  # noqa: PLC0415
+        WriterLink,
+    )
 
     config = rr.CheckpointConfig(snapshot="overlap")
     model = build_model(_preset(device), device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     _step(model, optimizer, device, 0)
     expected = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    with tempfile.TemporaryDirectory(prefix="rr-gpu-check-", dir="/dev/shm") as root:
+    with tempfile.TemporaryDirectory(prefix="rr-gpu-check-", dir="/dev/shm") as local_dir:
+        # The layout cleanup accepts: a private parent, a run folder named by run and node.
+        root = node_root(run_root(local_dir, "gpu-check", "0" * 12), "0" * 16)
         store = LocalSnapshots(root, 0)
         pipeline = HandoffPipeline(
             rank=0, world_size=1, config=config, stats=RankSaveStats(), local=store,
