@@ -41,6 +41,7 @@ def clean(ray_session, parquet_dir, tmp_path_factory):
     return result
 
 
+@pytest.mark.slow  # ~1.5 min; the fault test below covers the same reads
 @pytest.mark.timeout(600)
 def test_each_rank_reads_its_slice_of_each_global_batch_the_same_way_twice(
         clean, parquet_dir, tmp_path):
@@ -76,6 +77,7 @@ def test_exception_and_sigkill_mid_epoch_end_bit_equal(clean, parquet_dir, tmp_p
         assert_bit_equal(value["state"], clean.return_values[rank]["state"])
 
 
+@pytest.mark.slow  # ~40 s; S3 reads are covered by tests/ray/test_checkpoint_s3.py
 @pytest.mark.timeout(600)
 def test_parquet_on_s3_reads_the_same_rows(clean, s3_server, token_data_dir, tmp_path, capsys):
     fs = pafs.S3FileSystem(endpoint_override=s3_server.endpoint, scheme="http",
@@ -94,6 +96,7 @@ def test_parquet_on_s3_reads_the_same_rows(clean, s3_server, token_data_dir, tmp
     assert '"state": "finished"' in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~2.5 min: three runs
 @pytest.mark.timeout(600)
 def test_a_smaller_world_continues_at_the_next_unread_global_row(ray_session, parquet_dir,
                                                                  tmp_path):

@@ -48,6 +48,7 @@ def _final_state(storage: str, name: str, tmp_path) -> dict[str, torch.Tensor]:
     return flat
 
 
+@pytest.mark.slow  # ~2 min: two HF Llama runs
 @pytest.mark.timeout(900)
 def test_hf_llama_fsdp2_survives_an_exception_and_a_sigkill_bit_equal(ray_session,
                                                                       token_data_dir, tmp_path):

@@ -36,6 +36,7 @@ def _interval_at(result: rr.Result, t_fault: float) -> int:
     return before[-1]["interval_steps"]
 
 
+@pytest.mark.slow  # ~2-10 min: ~200 MB per rank
 def test_an_exception_and_a_sigkill_redo_at_most_the_local_interval(ray_session, token_data_dir,
                                                                       tmp_path):
     clean = _fit(token_data_dir, str(tmp_path), "clean200", None)
@@ -62,6 +63,7 @@ def test_an_exception_and_a_sigkill_redo_at_most_the_local_interval(ray_session,
     assert not glob.glob(os.path.join("/dev/shm", "ray_resilience", "faults200-*"))
 
 
+@pytest.mark.slow  # ~1-5 min: ~200 MB per rank
 def test_a_meta_built_model_restores_without_a_full_init_and_ends_bit_equal(clean_run,
                                                                            token_data_dir,
                                                                            tmp_path):

@@ -65,6 +65,7 @@ def _lease_file(storage: CheckpointStorage, generation: int) -> dict:
         return json.load(f)
 
 
+@pytest.mark.slow  # ~6 min: two drivers; tests/ray/test_checkpoint_s3.py covers fail-fast
 def test_a_second_job_fails_fast_and_a_waiting_one_takes_over_after(clean_run, token_data_dir,
                                                                      tmp_path):
     clean = clean_run(2, 12)
@@ -110,6 +111,7 @@ def test_a_second_job_fails_fast_and_a_waiting_one_takes_over_after(clean_run, t
     assert _lease_file(storage, 2)["acquired_at"] >= released_at
 
 
+@pytest.mark.slow  # ~8 min: waits out a lease
 def test_a_crashed_jobs_retry_takes_the_run_over_once_its_lease_expired(clean_run,
                                                                         token_data_dir,
                                                                         tmp_path):

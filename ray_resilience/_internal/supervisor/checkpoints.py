@@ -177,10 +177,10 @@ class RunCheckpoints:
         tier, the local tier's interval decisions, the final counters."""
         if not self._started:
             return None
-        return {"latest_committed_step": self.last_commit, "loads": self._record.loads,
-                "phases": self._record.phases, "stats": self._final_stats,
+        return {"latest_committed_step": self.last_commit, "loads": list(self._record.loads),
+                "phases": list(self._record.phases), "stats": self._final_stats,
                 "restore_s": restore_seconds(self._record.loads),
-                "local_tier": local_tier_summary(self._record.local_tier)}
+                "local_tier": local_tier_summary(list(self._record.local_tier))}
 
 
 def restore_seconds(loads: list[dict[str, Any]]) -> dict[str, list[float]]:
