@@ -18,6 +18,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # ~3.5 min: adds a `ray start` node to a running cluster
 @pytest.mark.timeout(720)
 def test_sigterm_to_a_ranks_node_saves_a_step_and_loses_none(clean_run, token_data_dir,
                                                               tmp_path):

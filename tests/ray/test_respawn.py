@@ -54,7 +54,8 @@ def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, tok
     plan = FaultPlan.explicit([Fault(step=7, rank=1, kind="exception"),
                                   Fault(step=9, rank=1, kind="sigkill")])
     resilience = dataclasses.replace(_resilience(plan),
-                                     checkpoint=CheckpointConfig(interval_steps=5))
+                                     checkpoint=CheckpointConfig(interval_steps=5,
+                                                                 local_interval_steps=1))
     # 0.3 s per step: progress (forwarded every 0.25 s) reaches the supervisor between the two
     # faults; a step counts as done once every rank reported it, and reports still queued in a
     # SIGKILLed process are lost, which would leave the first recovery without its first step.
