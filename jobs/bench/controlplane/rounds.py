@@ -3,7 +3,6 @@ one call per rank (as ranks vote today) or one per simulated node (`vote_many`).
 
 from __future__ import annotations
 
-import secrets
 import tempfile
 import time
 from typing import Any
@@ -39,8 +38,7 @@ def save_rounds(hosts: list[Any], world: int, rounds: int) -> dict[str, Any]:
                 times, claimed = [], 0
                 cpu0 = watch.cpu()
                 for _ in range(rounds):
-                    session = secrets.token_hex(8)
-                    ray.get(coordinator.begin_session.remote(session, world), timeout=60)
+                    session = ray.get(coordinator.new_session.remote(world), timeout=60)
                     spans = ray.get([h.vote_round.remote(coordinator, session, 1, per_node,
                                                          VOTE_WAIT_S) for h in hosts],
                                     timeout=VOTE_WAIT_S * 4)
