@@ -189,3 +189,54 @@ def test_a_lost_heartbeat_needs_one_first_a_starting_rank_waits_for_its_first_st
     record.heartbeat(1, 0, None, None, [], [], 0.0, [], 1)
     fault = detector.silence(record.rank_statuses(), 0)
     assert fault is not None and fault.cause.value == "unresponsive" and fault.ranks == (0,)
+
+
+class CountingTimeouts(LearnedTimeouts):
+    """LearnedTimeouts that counts how often a limit is looked up."""
+
+    def __init__(self) -> None:
+        super().__init__(step_s=3.0, first_step_s=60.0, phases_s={}, adaptive=None)
+        self.lookups = 0
+
+    def limit(self, name: str) -> float:
+        self.lookups += 1
+        return super().limit(name)
+
+
+def test_the_silence_scan_is_linear_in_ranks_one_limit_per_phase():
+    """At thousands of ranks the scan runs every few monitor intervals; it looked the limit up
+    per rank and asked, per rank, whether any rank was in a phase (quadratic: 0.7 s a scan at
+    4,096 ranks). A hung rank among 4,096 is still found, with its setting."""
+    cfg = rr.ResilienceConfig(in_job=rr.InJobConfig(heartbeat_timeout_s=10.0),
+                              step_timeout_s=3.0, first_step_timeout_s=60.0)
+    clock = FakeClock()
+    record = RunRecord(4096, clock=clock)
+    record.start_attempt(0)
+    timeouts = CountingTimeouts()
+    detector = FaultDetector(None, cfg, timeouts, clock)
+    for step in (1, 2):
+        clock.advance(1.0)
+        for rank in range(4096):
+            if rank != 77 or step == 1:
+                record.ranks[rank].observe(0, step, float(step), clock.monotonic())
+    clock.advance(2.5)  # rank 77 silent 3.5 s > 3 s; the others 2.5 s, within the 1 s grace
+    fault = detector.silence(record.rank_statuses(), 0)
+    assert timeouts.lookups == 1  # one phase ("step") in force
+    assert fault is not None and fault.cause.value == "hang" and 77 in fault.ranks
+    assert fault.error.setting == "ResilienceConfig.step_timeout_s"
+
+
+def test_a_large_world_scans_for_silence_every_few_intervals_a_small_one_every_interval():
+    cfg = rr.ResilienceConfig()
+    clock = FakeClock()
+    detector = FaultDetector(None, cfg, LearnedTimeouts(step_s=3.0, first_step_s=60.0,
+                                                        phases_s={}, adaptive=None), clock)
+    assert [detector.silence_due(2) for _ in range(3)] == [True] * 3  # the clock stands still
+    clock.advance(1.0)
+    assert detector.silence_due(4096)
+    clock.advance(cfg.monitor_interval_s)
+    assert not detector.silence_due(4096)
+    clock.advance(0.25 - cfg.monitor_interval_s)
+    assert detector.silence_due(4096)
+    clock.advance(1.0)
+    assert detector.silence_due(100_000) and not detector.silence_due(100_000)

@@ -32,6 +32,12 @@ ERROR_GRACE_S = 0.05
 HANG_GRACE_S = 1.0
 """Ranks this close to their limit are reported with a hung one: a hung rank's peers block in
 their next collective a moment before or after it stops moving."""
+SILENCE_SCAN_PER_RANK_S = 50e-6
+SILENCE_SCAN_MAX_S = 0.25
+"""The silence scan is linear in ranks (~3 us each with the statuses' copy): above ~1,000 ranks
+it runs every `world x SILENCE_SCAN_PER_RANK_S` (at most every SILENCE_SCAN_MAX_S) instead of
+every monitor interval, which bounds its cost to a few % of a core and adds at most that much to
+a hang's detection (the limits are seconds). Deaths still come every monitor interval."""
 
 
 class RunFutures(Protocol):
@@ -58,6 +64,16 @@ class FaultDetector:
     def __init__(self, group: RunFutures, cfg: ResilienceConfig, timeouts: LearnedTimeouts,
                  clock: Clock) -> None:
         self._group, self._cfg, self._timeouts, self._clock = group, cfg, timeouts, clock
+        self._scanned_at = float("-inf")
+
+    def silence_due(self, world_size: int) -> bool:
+        """Whether the silence scan runs in this monitor interval (see SILENCE_SCAN_PER_RANK_S)."""
+        every = min(SILENCE_SCAN_MAX_S, world_size * SILENCE_SCAN_PER_RANK_S)
+        now = self._clock.monotonic()
+        if every > self._cfg.monitor_interval_s and now - self._scanned_at < every:
+            return False
+        self._scanned_at = now
+        return True
 
     def collect(self, futures: Mapping[Any, int], attempt: int) -> Collected:
         """Waits up to one monitor interval for a run future; returns what the done ones hold."""
@@ -124,14 +140,17 @@ class FaultDetector:
                                  t_detect=self._clock.time(), error=err)
         # Peers of a rank inside a long phase (validation) wait for it in their next collective:
         # while any rank is in a phase, the longest limit in force applies to every rank.
-        limits = {s.rank: (self._timeouts.limit(_phase_of(s)[0]), _phase_of(s)[1]) for s in pending}
+        # Linear in ranks (this runs every monitor interval): one limit per distinct phase.
+        phases = {s.rank: _phase_of(s) for s in pending}
+        limits = {p: (self._timeouts.limit(p[0]), p[1]) for p in set(phases.values())}
         group = max(limits.values(), default=(0.0, ""))
+        in_phase = any(s.phase for s in pending)
         hung, near = [], []
         for s in pending:
-            limit, setting = group if any(p.phase for p in pending) else limits[s.rank]
-            if s.silent_for(now) > limit - min(HANG_GRACE_S, limit / 2):
-                (hung if s.silent_for(now) > limit else near).append(
-                    (s.rank, s.silent_for(now), setting, limit))
+            limit, setting = group if in_phase else limits[phases[s.rank]]
+            silent = s.silent_for(now)
+            if silent > limit - min(HANG_GRACE_S, limit / 2):
+                (hung if silent > limit else near).append((s.rank, silent, setting, limit))
         if not hung:
             return None
         hung = sorted(hung + near)

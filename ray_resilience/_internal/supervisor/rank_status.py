@@ -32,6 +32,13 @@ class RankStatus:
     active_at: float = 0.0
     """Supervisor monotonic time the activity counter last changed: liveness between reports."""
 
+    def copy(self) -> RankStatus:
+        """A shallow copy (detection reads copies without the record's lock); cheaper than
+        `dataclasses.replace`, which matters at thousands of ranks every monitor interval."""
+        twin = object.__new__(RankStatus)
+        twin.__dict__.update(self.__dict__)
+        return twin
+
     def reset(self, attempt: int, now: float) -> None:
         self.attempt, self.progress_at, self.heartbeat_at, self.done = attempt, now, now, False
         self.step, self.beating = None, False

@@ -10,7 +10,6 @@ done) for the callbacks. Thread-safe: batches arrive on other actor threads than
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -169,7 +168,7 @@ class RunRecord:
     def rank_statuses(self) -> dict[int, RankStatus]:
         """Copies of the statuses as of now (detection reads them without the lock)."""
         with self.lock:
-            return {r: dataclasses.replace(s) for r, s in self.ranks.items()}
+            return {r: s.copy() for r, s in self.ranks.items()}
 
     def start_attempt(self, attempt: int) -> None:
         """Every rank starts `attempt` now: silence clocks restart."""

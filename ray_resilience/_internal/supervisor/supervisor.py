@@ -318,7 +318,9 @@ class Supervisor:
         self._preemption.note_outcomes(found.outcomes)
         for ref in found.done:
             self._futures.pop(ref, None)
-        fault = found.fault or self._detector.silence(self.record.rank_statuses(), self._attempt)
+        fault = found.fault
+        if fault is None and self._detector.silence_due(self.record.world_size):
+            fault = self._detector.silence(self.record.rank_statuses(), self._attempt)
         if fault is not None:
             self._preemption.take()  # seen again, if still draining, in the next attempt
             return self._on_fault(fault)
