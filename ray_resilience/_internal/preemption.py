@@ -76,6 +76,8 @@ class PreemptionWatch:
         if now >= self._next_poll:
             self._next_poll = now + self.poll_interval_s
             draining = group.draining_nodes()
+        if not draining and not self._sigterm:
+            return None  # the common case, every monitor interval: nothing scanned per rank
         rank_nodes = {r: group.node_of_rank(r) for r in range(group.world_size)}
         nodes = sorted({n for n in rank_nodes.values() if n in draining})
         ranks = sorted({r for r, n in rank_nodes.items() if n in draining} | set(self._sigterm))

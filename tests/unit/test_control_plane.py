@@ -3,6 +3,7 @@ memory, liveness from activity, the metrics log, and the activity probe on a rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import tracemalloc
@@ -11,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import ray_resilience as rr
-from ray_resilience._internal.control.batch import ProgressFolder
+from ray_resilience._internal.control.batch import ProgressBatch, ProgressFolder
 from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
 from ray_resilience._internal.control.node_agent import MAX_BATCHES_PER_S, forward_interval_s
 from ray_resilience._internal.rank.liveness import ActivityProbe
@@ -240,3 +241,24 @@ def test_a_large_world_scans_for_silence_every_few_intervals_a_small_one_every_i
     assert detector.silence_due(4096)
     clock.advance(1.0)
     assert detector.silence_due(100_000) and not detector.silence_due(100_000)
+
+
+def test_a_beat_that_waited_in_its_agent_is_dated_when_the_agent_got_it():
+    """Agents of a large run forward every few seconds; a beat's age in the batch keeps that
+    wait out of the rank's silence, and an older batch arriving late moves nothing back."""
+    clock = FakeClock()
+    record = RunRecord(2, clock=clock)
+    record.start_attempt(0)
+    folder = ProgressFolder("n1")
+    folder.add(0, 0, 4, 1.0, [], [], 1.0, [], 7)
+    clock.advance(10.0)
+    batch = folder.take()
+    (beat,) = batch.beats
+    record.fold(dataclasses.replace(batch, beats=[dataclasses.replace(beat, age=3.0)]))
+    status = record.rank_statuses()[0]
+    assert status.step == 4
+    assert record.heartbeat_age(0, clock.monotonic()) == pytest.approx(3.0)
+    assert status.silent_for(clock.monotonic()) == pytest.approx(3.0)
+    late = ProgressBatch("n1", beats=[dataclasses.replace(beat, age=8.0, sent_at=0.5)])
+    record.fold(late)
+    assert record.heartbeat_age(0, clock.monotonic()) == pytest.approx(3.0)

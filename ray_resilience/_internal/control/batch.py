@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from typing import Any
 
 from ray_resilience._internal.attempt import PROCESS_PHASES
@@ -35,6 +36,9 @@ class Beat:
     """The user-marked phase the rank is inside, or None."""
     activity: int | None
     """Counter the rank's side thread bumps when its training thread moved; None: not sampled."""
+    age: float = 0.0
+    """Seconds the beat waited in its node agent before the batch left: the supervisor dates it
+    that much earlier, so batching delays neither hang nor heartbeat detection."""
 
 
 @dataclasses.dataclass
@@ -71,7 +75,8 @@ class ProgressFolder:
         self.node = node
         self._lock = threading.Lock()
         self._batch = ProgressBatch(node)
-        self._beats: dict[int, Beat] = {}
+        self._beats: dict[int, tuple[Beat, float]] = {}
+        """Each rank's newest beat and when it arrived here (monotonic)."""
         self._lines: list[str] = []
         self._last_mark: dict[tuple[int, int], float] = {}
         self._attempt = 0
@@ -88,8 +93,8 @@ class ProgressFolder:
                 self._attempt = attempt
                 self._last_mark = {k: v for k, v in self._last_mark.items() if k[0] >= attempt}
             batch, old = self._batch, self._beats.get(rank)
-            if old is None or (old.attempt, old.sent_at) <= (attempt, sent_at):
-                self._beats[rank] = beat
+            if old is None or (old[0].attempt, old[0].sent_at) <= (attempt, sent_at):
+                self._beats[rank] = (beat, time.monotonic())
             for ev in events:
                 if ev.get("phase") == "in_phase":
                     continue  # "still inside a phase": the supervisor's status, not a record
@@ -145,7 +150,9 @@ class ProgressFolder:
         """The batch so far (empty if nothing arrived); the next one starts empty."""
         with self._lock:
             batch, self._batch = self._batch, ProgressBatch(self.node)
-            batch.beats, self._beats = list(self._beats.values()), {}
+            now = time.monotonic()
+            batch.beats = [dataclasses.replace(b, age=now - t) for b, t in self._beats.values()]
+            self._beats = {}
             if self._lines:
                 batch.log = ("\n".join(self._lines) + "\n").encode()
                 self._lines = []

@@ -29,9 +29,12 @@ AGENT_NAME_PREFIX = "ray_resilience:agent:"
 """Agents are named actors (`<prefix><node id>:<unique>`), so operators and tests find them."""
 AGENT_MAX_CONCURRENCY = 64
 """Threaded: heartbeats from the node's ranks are handled while the forwarder sends."""
-MAX_BATCHES_PER_S = 400.0
-"""Batches per second into the supervisor, all agents together: past 400 nodes each agent
-forwards less often than its ranks beat, so the supervisor's load stops growing with nodes."""
+MAX_BATCHES_PER_S = 200.0
+"""Batches per second into the supervisor, all agents together: past 200 x progress_interval_s
+nodes (50 at the default) each agent forwards less often than its ranks beat, so the
+supervisor's load stops growing with nodes. A batch costs the supervisor ~1-2 ms of CPU (mostly
+Ray's task execution; the fold itself ~0.1 ms), so 200/s keeps it near a third of a core; beats
+carry their age, so the longer forwarding interval does not delay detection."""
 
 
 def forward_interval_s(progress_interval_s: float, num_nodes: int) -> float:

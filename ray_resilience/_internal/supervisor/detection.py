@@ -32,10 +32,10 @@ ERROR_GRACE_S = 0.05
 HANG_GRACE_S = 1.0
 """Ranks this close to their limit are reported with a hung one: a hung rank's peers block in
 their next collective a moment before or after it stops moving."""
-SILENCE_SCAN_PER_RANK_S = 50e-6
+SILENCE_SCAN_PER_RANK_S = 250e-6
 SILENCE_SCAN_MAX_S = 0.25
-"""The silence scan is linear in ranks (~3 us each with the statuses' copy): above ~1,000 ranks
-it runs every `world x SILENCE_SCAN_PER_RANK_S` (at most every SILENCE_SCAN_MAX_S) instead of
+"""The silence scan is linear in ranks (~3 us each with the statuses' copy): above 200 ranks it
+runs every `world x SILENCE_SCAN_PER_RANK_S` (at most every SILENCE_SCAN_MAX_S) instead of
 every monitor interval, which bounds its cost to a few % of a core and adds at most that much to
 a hang's detection (the limits are seconds). Deaths still come every monitor interval."""
 

@@ -54,9 +54,11 @@ class RankStatus:
         if attempt != self.attempt:
             return  # a late heartbeat from an earlier attempt
         now = time.monotonic() if now is None else now
-        self.heartbeat_at, self.beating = now, True
+        # `now` is when the beat reached its node agent: batches of different agents, and a
+        # rank's beats after an agent restart, may arrive out of that order.
+        self.heartbeat_at, self.beating = max(self.heartbeat_at, now), True
         if activity is not None and activity != self.activity:
-            self.activity, self.active_at = activity, now
+            self.activity, self.active_at = activity, max(self.active_at, now)
         # Steps only grow within an attempt (a rollback is a new attempt): a late heartbeat with
         # an older step is neither progress nor a step back.
         if step is not None and (self.step is None or step > self.step):

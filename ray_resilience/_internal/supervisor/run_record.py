@@ -110,9 +110,10 @@ class RunRecord:
                 status = self.ranks.get(beat.rank)
                 if status is None:  # a late beat of a rank the world no longer has
                     continue
-                status.observe(beat.attempt, beat.step, beat.step_time, now, beat.activity)
+                seen = now - beat.age  # when its agent got it
+                status.observe(beat.attempt, beat.step, beat.step_time, seen, beat.activity)
                 if beat.attempt == status.attempt:
-                    status.set_phase(beat.phase, beat.sent_at, now)
+                    status.set_phase(beat.phase, beat.sent_at, seen)
             for name, (count, worst) in batch.intervals.items():
                 if self.timeouts is not None:
                     self.timeouts.observe_many(name, count, worst)
@@ -164,6 +165,13 @@ class RunRecord:
         """Seconds since `rank`'s side thread was last heard of (`now`: `clock.monotonic()`)."""
         with self.lock:
             return now - self.ranks[rank].heartbeat_at
+
+    def newest_step(self) -> int:
+        """The newest step any rank reported in its current attempt (else the global step);
+        read every monitor interval, so without copying the statuses."""
+        with self.lock:
+            return max((s.step for s in self.ranks.values() if s.step is not None),
+                       default=self.global_step or 0)
 
     def rank_statuses(self) -> dict[int, RankStatus]:
         """Copies of the statuses as of now (detection reads them without the lock)."""

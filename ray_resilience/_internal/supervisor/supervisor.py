@@ -333,9 +333,7 @@ class Supervisor:
 
     def _watch_preemption(self) -> None:
         """On a new drain notice (or a rank's SIGTERM), asks every rank to stop at one step."""
-        statuses = self.record.rank_statuses().values()
-        newest = max((s.step for s in statuses if s.step is not None),
-                     default=self.record.global_step or 0)
+        newest = self.record.newest_step()
         notice = self._preemption.check(self._group, self._attempt, newest, self._step_time())
         if notice is not None:
             self._group.stop_at(list(range(self._group.world_size)), self._attempt,
