@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Iterator
 
+import numpy as np
+import ray.data
 import ray.train
 import torch
 import torch.distributed.checkpoint as dcp
@@ -31,11 +34,16 @@ def build_model() -> torch.nn.Module:
     return fully_shard(model)
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's batch of `step`: the same on every run, also after a restart."""
-    data = torch.Generator().manual_seed(step * 1000 + rank)
-    inputs = torch.randn(BATCH, WIDTH, generator=data)
-    return inputs, torch.sin(inputs.flip(-1))
+def make_dataset(num_rows: int) -> ray.data.Dataset:
+    """Rows of WIDTH inputs (column "data"), the same on every run."""
+    inputs = np.random.default_rng(0).standard_normal((num_rows, WIDTH), dtype=np.float32)
+    return ray.data.from_numpy(inputs)
+
+
+def epochs(shard) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's batches of the dataset, epoch after epoch."""
+    while True:
+        yield from shard.iter_torch_batches(batch_size=BATCH)
 
 
 def train_loop(config: dict) -> None:
@@ -53,8 +61,10 @@ def train_loop(config: dict) -> None:
                            optim_state_dict=state["optimizer"])
             with open(os.path.join(folder, "step.txt")) as step_file:
                 start = int(step_file.read())
+    batches = epochs(ray.train.get_dataset_shard("train"))
     for step in range(start + 1, config["steps"] + 1):
-        inputs, targets = batch(step, rank)
+        inputs = next(batches)["data"]
+        targets = torch.sin(inputs.flip(-1))
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         loss.backward()
         optimizer.step()
@@ -86,6 +96,7 @@ def main(argv: list[str] | None = None) -> ray.train.Result:
         train_loop_config={"steps": args.steps, "fail_at_step": args.fail_at_step,
                            "marker": os.path.join(args.storage_path, "failed-once"),
                            "final_weights": os.path.join(args.storage_path, "final.pt")},
+        datasets={"train": make_dataset(args.num_workers * BATCH * 8)},
         scaling_config=ScalingConfig(num_workers=args.num_workers),
         run_config=RunConfig(name=args.name, storage_path=args.storage_path,
                              failure_config=FailureConfig(max_failures=3),

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterator
 
+import numpy as np
+import ray.data
 import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from torch.distributed.fsdp import fully_shard
@@ -28,11 +31,16 @@ def build_model() -> torch.nn.Module:
     return fully_shard(model)
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's batch of `step`: the same on every run, also after a restart."""
-    data = torch.Generator().manual_seed(step * 1000 + rank)
-    inputs = torch.randn(BATCH, WIDTH, generator=data)
-    return inputs, torch.sin(inputs.flip(-1))
+def make_dataset(num_rows: int) -> ray.data.Dataset:
+    """Rows of WIDTH inputs (column "data"), the same on every run."""
+    inputs = np.random.default_rng(0).standard_normal((num_rows, WIDTH), dtype=np.float32)
+    return ray.data.from_numpy(inputs)
+
+
+def epochs(shard) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's batches of the dataset, epoch after epoch."""
+    while True:
+        yield from shard.iter_torch_batches(batch_size=BATCH)
 
 
 def train_loop(config: dict) -> None:
@@ -43,8 +51,10 @@ def train_loop(config: dict) -> None:
     checkpoint = rr.load_checkpoint(model=model, optimizer=optimizer)
     if checkpoint:
         start = checkpoint.step
+    batches = epochs(rr.get_dataset_shard("train"))
     for step in range(start + 1, config["steps"] + 1):
-        inputs, targets = batch(step, rank)
+        inputs = next(batches)["data"]
+        targets = torch.sin(inputs.flip(-1))
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         loss.backward()
         optimizer.step()
@@ -71,6 +81,7 @@ def main(argv: list[str] | None = None) -> rr.Result:
         train_loop_config={"steps": args.steps, "fail_at_step": args.fail_at_step,
                            "marker": os.path.join(args.storage_path, "failed-once"),
                            "final_weights": os.path.join(args.storage_path, "final.pt")},
+        datasets={"train": make_dataset(args.num_workers * BATCH * 8)},
         scaling_config=ScalingConfig(num_workers=args.num_workers),
         run_config=RunConfig(name=args.name, storage_path=args.storage_path,
                              failure_config=FailureConfig(max_failures=3),

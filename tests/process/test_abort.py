@@ -122,7 +122,7 @@ def test_abort_with_include_store_unblocks_a_rank_waiting_in_rendezvous():
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("phase", [pytest.param("forward", marks=pytest.mark.slow), "backward"])
 def test_fsdp2_rank_blocked_in_collectives_is_aborted_and_rebuilt(phase: str):
     rank0, rank1 = run_ranks("fsdp", phase)
     _assert_aborted(rank0)

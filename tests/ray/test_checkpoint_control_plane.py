@@ -23,6 +23,7 @@ from tests.support.checkpoint_service import start_service, step_folder, wait_co
 pytestmark = pytest.mark.timeout(400)
 
 
+@pytest.mark.slow  # ~30 s
 def test_a_killed_coordinator_restarts_and_the_run_loses_no_commit(clean_run, token_data_dir,
                                                                     tmp_path):
     """SIGKILL of the coordinator at step 5, then a rank's exception at step 9 whose restart
@@ -73,6 +74,7 @@ def test_a_save_dropped_after_report_is_listed_and_warned_about(clean_run, token
     assert len(warning) == 1 and "step 12" in warning[0] and "torn" in warning[0]
 
 
+@pytest.mark.slow  # ~20 s
 def test_a_step_that_does_not_load_is_quarantined_and_the_resumed_timeline_wins(ray_session,
                                                                                  tmp_path):
     root = str(tmp_path)

@@ -167,6 +167,7 @@ def test_replica_restores_a_rank_whose_writer_is_gone(ray_session, tmp_path):
         service.shutdown()
 
 
+@pytest.mark.slow  # ~20 s; shrinking is covered by tests/unit resharding tests
 def test_resharding_to_one_and_three_ranks_with_plain_dcp(two_ranks, tmp_path):
     service, ranks, expected = two_ranks
     stop_ranks(ranks)

@@ -98,6 +98,7 @@ def test_read_only_credentials_fail_fast_naming_the_path(ray_session, s3_server,
     assert "credentials" in str(info.value)
 
 
+@pytest.mark.slow  # ~15 s; the skip and block outages run by default
 def test_outage_coalesce_keeps_training_and_commits_the_newest_after(s3_run, s3_server):
     service, ranks, prefix = s3_run
     with s3_server.outage():
@@ -170,6 +171,7 @@ def test_writer_killed_mid_write_loses_only_that_step(s3_run, s3_server):
     assert [r["step"] for r in on_all(ranks, "load")] == [3, 3]
 
 
+@pytest.mark.slow  # ~15 s
 @pytest.mark.parametrize("s3_run", [{"memory_tier": False}], indirect=True)
 def test_a_restore_during_a_brief_outage_retries_and_loads_the_newest_step(s3_run, s3_server):
     service, ranks, _ = s3_run

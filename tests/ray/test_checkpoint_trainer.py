@@ -25,6 +25,7 @@ def fit(data_dir: str, storage: str, name: str, max_steps: int) -> rr.Result:
     return workload.fit(data_dir, storage, name, max_steps=max_steps, resilience=resilience)
 
 
+@pytest.mark.slow  # ~35 s; test_checkpoint_ray.py's resumed run covers it by default
 def test_second_fit_resumes_from_last_commit_and_matches_uninterrupted(clean_run, token_data_dir,
                                                                       tmp_path):
     store = str(tmp_path)

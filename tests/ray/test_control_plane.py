@@ -63,6 +63,7 @@ def _coarse(tmp_path, name: str, plan: FaultPlan | None) -> rr.Result:
 EXPECTED_TOTAL = 3.0 * COARSE_STEPS * (COARSE_STEPS + 1) / 2  # sum of step x (1 + 2)
 
 
+@pytest.mark.slow  # ~35 s; 30 s of coarse steps
 @pytest.mark.timeout(240)
 def test_a_loop_reporting_every_ten_seconds_is_alive_between_reports(ray_session, tmp_path):
     result = _coarse(tmp_path, "coarse", None)
@@ -73,6 +74,7 @@ def test_a_loop_reporting_every_ten_seconds_is_alive_between_reports(ray_session
         (10, 0), (10, 1), (20, 0), (20, 1)]
 
 
+@pytest.mark.slow  # ~45 s; hangs run by default in test_inprocess.py and the SIGSTOP test below
 @pytest.mark.timeout(300)
 def test_a_genuine_hang_in_that_loop_is_detected_within_the_step_timeout(ray_session, tmp_path):
     plan = FaultPlan.explicit([Fault(step=REPORT_EVERY, rank=1, kind="hang")])
@@ -111,6 +113,7 @@ def test_a_sigstopped_rank_loses_its_heartbeat_and_is_respawned(clean, token_dat
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
 
+@pytest.mark.slow  # ~20 s; a variant of the SIGSTOP test
 @pytest.mark.timeout(300)
 def test_a_hang_on_rank_zero_the_store_host_is_recovered(clean, token_data_dir, tmp_path):
     plan = FaultPlan.explicit([Fault(step=5, rank=0, kind="hang")])
@@ -140,6 +143,7 @@ def _kill_agent_when_up(stop: threading.Event, killed: list[tuple]) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # ~20 s
 @pytest.mark.timeout(300)
 def test_a_dead_node_agent_is_restarted_and_the_ranks_train_on(clean, token_data_dir, tmp_path):
     stop, killed = threading.Event(), []

@@ -58,6 +58,7 @@ def test_each_rank_reads_its_slice_of_each_global_batch_the_same_way_twice(
         assert_bit_equal(again.return_values[rank]["state"], clean.return_values[rank]["state"])
 
 
+@pytest.mark.slow  # ~70 s with Ray Data's start; tests/ray/test_ray_train_port.py resumes a shard
 @pytest.mark.timeout(600)
 def test_exception_and_sigkill_mid_epoch_end_bit_equal(clean, parquet_dir, tmp_path):
     plan = FaultPlan.explicit([Fault(step=6, rank=1, kind="exception"),

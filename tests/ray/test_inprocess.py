@@ -21,12 +21,18 @@ def _resilience(plan, **kwargs) -> rr.ResilienceConfig:
 
 @pytest.fixture(scope="module")
 def clean_runs(clean_run):
-    """Fault-free final weights for 2 and 3 workers (the oracle)."""
-    return {n: clean_run(n, STEPS) for n in (2, 3)}
+    """Fault-free runs by number of workers (the oracle), each trained when first asked for."""
+
+    class Runs(dict):
+        def __missing__(self, num_workers: int):
+            self[num_workers] = clean_run(num_workers, STEPS)
+            return self[num_workers]
+
+    return Runs()
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("num_workers", [2, 3])
+@pytest.mark.parametrize("num_workers", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: ~40 s
 def test_exceptions_on_several_ranks_end_bit_equal(clean_runs, token_data_dir, tmp_path,
                                                     num_workers):
     plan = FaultPlan.explicit([
@@ -66,6 +72,7 @@ def test_python_hang_is_interrupted_and_recovered(clean_runs, token_data_dir, tm
     assert [v["pid"] for v in result.return_values] == result.worker_pids
 
 
+@pytest.mark.slow  # ~15 s; test_restart_storm_without_progress_stops covers the typed limit error
 @pytest.mark.timeout(180)
 def test_faults_on_every_step_stop_at_the_limit(ray_session, token_data_dir, tmp_path):
     plan = FaultPlan.explicit([Fault(step=s, rank=1, kind="exception") for s in range(1, 9)])

@@ -35,6 +35,7 @@ def _run(mode: str, data_dir: str, storage: str, clean=None) -> dict:
     return json.loads(lines[-1])
 
 
+@pytest.mark.slow  # ~75 s: a 3-node cluster of its own in a subprocess
 @pytest.mark.timeout(420)
 def test_node_removed_without_grace_during_training(clean_run, token_data_dir, tmp_path):
     out = _run("replace", token_data_dir, str(tmp_path / "store"), clean_run(2, 12))

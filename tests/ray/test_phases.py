@@ -37,6 +37,7 @@ def test_faults_in_every_phase_end_bit_equal(clean_run, token_data_dir, tmp_path
                                   clean.return_values[rank]["state"])
 
 
+@pytest.mark.slow  # ~20 s; phases run by default in test_faults_in_every_phase_end_bit_equal
 @pytest.mark.timeout(240)
 def test_long_validation_uses_its_phase_timeout_not_the_step_timeout(ray_session, token_data_dir,
                                                                      tmp_path):
@@ -51,6 +52,7 @@ def test_long_validation_uses_its_phase_timeout_not_the_step_timeout(ray_session
     assert result.timeouts["worst_observed_s"]["step"] < 3.0
 
 
+@pytest.mark.slow  # ~15 s
 @pytest.mark.timeout(240)
 def test_adaptive_timeouts_follow_the_worst_interval(ray_session, token_data_dir, tmp_path):
     adaptive = rr.AdaptiveTimeouts(multiplier=4.0, step_floor_s=2.0, first_step_floor_s=30.0,

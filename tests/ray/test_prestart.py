@@ -86,6 +86,7 @@ def _rank_actor(env: dict[str, str]):
         cloudpickle.dumps(lambda config: None), None, None)
 
 
+@pytest.mark.slow  # ~25 s
 def test_a_rank_process_booted_ahead_imports_torch_at_idle_priority_for_the_next_rank(ray_session):
     node = ray.get_runtime_context().get_node_id()
     key = f"preimport-test-{os.getpid()}-{time.monotonic_ns()}"

@@ -1,5 +1,6 @@
-"""A Ray Train-style driver (ray.train configs, plain data), unchanged but for the trainer class,
-ends bit-equal to the fault-free run after an exception (docs/ray_train_port.md)."""
+"""A Ray Train-style driver (ray.train configs, a Ray Dataset), unchanged but for the trainer
+class, ends bit-equal to the fault-free run after an exception (docs/ray_train_port.md): the
+dataset shard resumes at the next batch, or the weights would differ."""
 
 from __future__ import annotations
 

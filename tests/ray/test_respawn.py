@@ -78,6 +78,7 @@ def test_restarts_resume_from_the_local_tier_redoing_at_most_one_step(clean, tok
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
 
+@pytest.mark.slow  # ~40 s; the default run respawns killed ranks (test_killed_ranks_are_replaced)
 @pytest.mark.timeout(240)
 def test_native_hang_escalates_to_respawn_onto_a_warm_spare(clean, token_data_dir, tmp_path):
     """A rank hung outside Python cannot be interrupted: it is killed and the warm spare started
@@ -101,6 +102,7 @@ def test_native_hang_escalates_to_respawn_onto_a_warm_spare(clean, token_data_di
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
 
+@pytest.mark.slow  # ~30 s; a variant of the respawn test above
 @pytest.mark.timeout(240)
 def test_policy_all_replaces_every_rank(clean, token_data_dir, tmp_path):
     """Also with a 1 s heartbeat timeout: ranks send heartbeats while they finish their start-up
@@ -117,6 +119,7 @@ def test_policy_all_replaces_every_rank(clean, token_data_dir, tmp_path):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
 
 
+@pytest.mark.slow  # ~10 s; the typed limit error runs by default below
 @pytest.mark.timeout(120)
 def test_dead_rank_without_in_job_fails_the_run(ray_session, token_data_dir, tmp_path):
     plan = FaultPlan.explicit([Fault(step=3, rank=1, kind="sigkill")])
@@ -140,8 +143,8 @@ def _dies_on_start():
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("limits, setting", [
-    (dict(max_restarts=20, max_attempts_without_progress=1),
-     "InJobConfig.max_attempts_without_progress"),
+    pytest.param(dict(max_restarts=20, max_attempts_without_progress=1),
+                 "InJobConfig.max_attempts_without_progress", marks=pytest.mark.slow),  # ~20 s
     (dict(max_restarts=1, max_attempts_without_progress=3), "InJobConfig.max_restarts"),
 ], ids=["no-progress", "max-restarts"])
 def test_rank_dying_after_every_respawn_stops_at_the_limit_with_typed_error(ray_session, tmp_path,
