@@ -35,9 +35,11 @@ def test_sigterm_to_a_ranks_node_saves_a_step_and_loses_none(clean_run, token_da
     out = json.loads(lines[-1])
     assert out["ok"], out["error"]
     (fault,) = out["faults"]
-    assert fault["cause"] == "preempted" and fault["ranks"] == [1], fault
+    # SPREAD puts one rank on the node that gets SIGTERM; which one is Ray's choice.
+    assert fault["cause"] == "preempted" and len(fault["ranks"]) == 1, fault
+    (moved,) = fault["ranks"]
     assert fault["nodes"] == [out["log"]["victim"]] == fault["excluded_nodes"]
-    assert out["nodes"][1] != out["log"]["victim"]  # rank 1 finished on another node
+    assert out["nodes"][moved] != out["log"]["victim"]  # it finished on another node
     stopped = fault["step"]
     assert stopped > out["log"]["sigterm_step"]
     # Zero steps redone: every (step, rank) once, and the resume loaded the step both saved.

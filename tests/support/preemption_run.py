@@ -1,6 +1,6 @@
-"""Run in a subprocess by test_preemption.py: a simulated cluster whose node hosting rank 1 is a
+"""Run in a subprocess by test_preemption.py: a simulated cluster where one rank's node is a
 real `ray start --block` process; it gets SIGTERM mid-run, as Kubernetes sends a pod on a spot
-reclaim. Prints one JSON line: the run's outcome, where rank 1 ran, and whether its final weights
+reclaim. Prints one JSON line: the run's outcome, where each rank ended, whether its final weights
 equal the fault-free weights the test handed over.
 """
 
