@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -42,6 +43,19 @@ from ray_resilience._internal.supervisor.supervisor import Supervisor  # noqa: E
 RANKS_PER_NODE = 16
 HOST_NODES = 3
 """Ray nodes hosting virtual ranks (besides the head: supervisor, coordinator, driver)."""
+
+
+def _without_out(argv: list[str]) -> list[str]:
+    """The command line as run, less the machine-specific `--out DIR`."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--out="):
+            skip = False
+            continue
+        skip = arg == "--out"
+        if not skip:
+            out.append(arg)
+    return out
 
 
 def resilience(step_timeout_s: float, heartbeat_timeout_s: float) -> rr.ResilienceConfig:
@@ -199,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([ROOT, BENCH])}})
     doc = {"schema": report.SCHEMA, "quick": args.quick, "machine": machine(),
            "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
-           "command": "python jobs/bench/bench_control_plane.py" + (" --quick" if args.quick
-                                                                     else ""),
+           "command": shlex.join(["python", "jobs/bench/bench_control_plane.py",
+                                  *_without_out(sys.argv[1:])]),
            "settings": {k: v for k, v in vars(args).items() if k not in ("out", "quick")},
            "ranks_per_node": RANKS_PER_NODE, "sizes": []}
     try:

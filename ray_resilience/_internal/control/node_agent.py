@@ -32,9 +32,10 @@ AGENT_MAX_CONCURRENCY = 64
 MAX_BATCHES_PER_S = 200.0
 """Batches per second into the supervisor, all agents together: past 200 x progress_interval_s
 nodes (50 at the default) each agent forwards less often than its ranks beat, so the
-supervisor's load stops growing with nodes. A batch costs the supervisor ~1-2 ms of CPU (mostly
-Ray's task execution; the fold itself ~0.1 ms), so 200/s keeps it near a third of a core; beats
-carry their age, so the longer forwarding interval does not delay detection."""
+supervisor's load stops growing with nodes. A batch costs the supervisor ~1-2 ms of CPU on the
+2-core benchmark machine (mostly Ray's task execution; the fold itself ~0.1 ms): at 4,128
+simulated ranks the supervisor used 43% of a core in all (docs/benchmarks.md). Beats carry their
+age, so the longer forwarding interval does not delay detection."""
 
 
 def forward_interval_s(progress_interval_s: float, num_nodes: int) -> float:

@@ -140,7 +140,7 @@ class FaultDetector:
                                  t_detect=self._clock.time(), error=err)
         # Peers of a rank inside a long phase (validation) wait for it in their next collective:
         # while any rank is in a phase, the longest limit in force applies to every rank.
-        # Linear in ranks (this runs every monitor interval): one limit per distinct phase.
+        # Linear in ranks (it runs up to every monitor interval): one limit per distinct phase.
         phases = {s.rank: _phase_of(s) for s in pending}
         limits = {p: (self._timeouts.limit(p[0]), p[1]) for p in set(phases.values())}
         group = max(limits.values(), default=(0.0, ""))
