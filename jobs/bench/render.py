@@ -19,7 +19,14 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(BENCH))
 sys.path.insert(0, BENCH)
 
-from report import checkpoint, control_plane, recovery, targets, tiers  # noqa: E402 - after the path set-up
+from report import (  # noqa: E402 - after the path set-up
+    checkpoint,
+    control_plane,
+    overhead,
+    recovery,
+    targets,
+    tiers,
+)
 from report.fmt import table  # noqa: E402
 from sweep.results import read_json  # noqa: E402
 
@@ -39,6 +46,11 @@ def load(results_dir: str) -> tuple[list[dict], dict | None]:
 
 def load_tiers(results_dir: str) -> dict | None:
     path = os.path.join(results_dir, "tiers.json")
+    return read_json(path) if os.path.exists(path) else None
+
+
+def load_overhead(results_dir: str) -> dict | None:
+    path = os.path.join(results_dir, "overhead.json")
     return read_json(path) if os.path.exists(path) else None
 
 
@@ -89,6 +101,9 @@ def render(results_dir: str) -> str:
     cp = load_control_plane(results_dir)
     if cp is not None:
         parts += [control_plane.section(cp), ""]
+    oh = load_overhead(results_dir)
+    if oh is not None:
+        parts += [overhead.section(oh), ""]
     tier_doc = load_tiers(results_dir)
     if tier_doc is not None:
         parts += [tiers.section(tier_doc), ""]

@@ -16,7 +16,7 @@ if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
 import render  # noqa: E402 - after the path set-up above
-from report import checkpoint, prose, targets  # noqa: E402
+from report import checkpoint, overhead, prose, targets  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -114,3 +114,32 @@ def test_the_checkpoint_section_pairs_like_with_like() -> None:
     assert "- ours_block vs dcp_async (both persist every save): throughput efficiency 70.0% " \
            "vs 90.0% (ours behind)" in text
     assert "**Quick run**" in text
+
+
+def test_the_overhead_section_judges_the_paired_mean_step_against_each_budget() -> None:
+    def stat(x: float) -> dict:
+        return {"median": x, "min": x, "max": x, "n": 3}
+
+    def arm() -> dict:
+        return {"ok": 3, "runs": 3, "wall_median_s": stat(0.1), "wall_mean_s": stat(0.1),
+                "startup": {"total": stat(10.0)}}
+
+    def paired(x: float) -> dict:
+        return {"wall_mean_s": stat(x)}
+
+    run = {"arm": "ours", "local_interval_steps": 7, "accounting": {
+        "processes": {"ray::RankActor": {"count": 2, "cpu_s": 4.0, "cpu_per_step_s": 0.2,
+                                         "core_share": 0.9, "rss_bytes": 2_000_000_000}},
+        "rank_threads": {"MainThread": {"count": 2, "cpu_per_step_s": 0.15,
+                                        "switches_per_step": 3.0, "nice": [0]}}}}
+    entry = {"size": "200mb", "durable_every": 10, "runs": [run],
+             "arms": {"torchrun": arm(), "ours-disabled": arm(), "ours": arm()},
+             "paired": {"ours vs torchrun": paired(0.035), "ours vs ours-disabled": paired(0.004)}}
+    doc = {"date_utc": "d", "reps": 3, "arms": ["torchrun", "ours-disabled", "ours"],
+           "sizes": {"200mb": entry}}
+    assert overhead.verdicts(doc) == [
+        "200mb: vs no resilience 0.4% (target <= 1%: met); vs torchrun 3.5% (target <= 2%: missed)"]
+    text = overhead.section(doc)
+    ours = next(line for line in text.splitlines() if line.startswith("| 200mb | ours |"))
+    assert "| 3.5% | 0.4% | 7 |" in ours and "| 2000 MB |" in ours
+    assert "| 200mb | ray::RankActor | 2 | 200.0 ms | 90.0% | 2000 MB |" in text

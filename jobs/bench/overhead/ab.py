@@ -9,6 +9,7 @@ ratios kept: it cancels most of the drift the medians still see.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.sizes import size as size_of
-from harness.spec import Workload
+from harness.spec import PHASES_FILE, Workload
 from scoring.stats import summary
 from sweep.isolated import run_isolated
 
@@ -84,7 +85,17 @@ def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str
             "load_average_end": round(os.getloadavg()[0], 2),
             "run_s": round(time.time() - t0, 1), "usage": result.get("usage"),
             "costs": costs, "startup": startup,
-            "accounting": account(run_dir) if ok else None, "run_dir": run_dir}
+            "accounting": account(run_dir) if ok else None,
+            "local_interval_steps": _local_interval(run_dir), "run_dir": run_dir}
+
+
+def _local_interval(run_dir: str) -> int | None:
+    """The local tier's interval ours chose (None: another mechanism, or the tier off)."""
+    try:
+        with open(os.path.join(run_dir, PHASES_FILE), encoding="utf-8") as f:
+            return json.load(f).get("local_interval_steps")
+    except (OSError, ValueError):
+        return None
 
 
 def _arm_summary(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,4 +135,6 @@ def _line(run: dict[str, Any]) -> str:
     return (f"  {run['arm']:<22} rep {run['rep']} step {1e3 * c['wall_median_s']:.1f} ms "
             f"(mean {1e3 * c['wall_mean_s']:.1f}), thread CPU {1e3 * c['thread_cpu_median_s']:.1f}"
             f" ms, process CPU {1e3 * c['process_cpu_median_s']:.1f} ms, load "
-            f"{run['load_average_start']}-{run['load_average_end']}, {run['run_s']} s")
+            f"{run['load_average_start']}-{run['load_average_end']}, {run['run_s']} s"
+            + (f", local every {run['local_interval_steps']}" if run["local_interval_steps"]
+               else ""))

@@ -5,7 +5,8 @@ and the per-size run lengths and checkpoint intervals.
 - ours-disabled: `ResilienceConfig.disabled()`, no checkpoints: Ray actors and our rank
   machinery with nothing recovering;
 - ours: `ResilienceConfig.default()` with committed checkpoints every `durable_every` steps and
-  the local tier where the library's defaults keep it (every step up to 64 MiB per rank).
+  the local tier as the library's default runs it (`local_interval_steps="auto"`: the interval
+  whose measured cost stays within 1% of step time, at every size).
 An arm `NAME@LABEL` runs mechanism NAME from the checkout given as `LABEL=PATH`: the same
 harness, another version of the library (before/after a change).
 """
@@ -16,7 +17,7 @@ import dataclasses
 import os
 
 from harness.launcher import BENCH_PATHS
-from harness.spec import Workload
+from harness.spec import LOCAL_AUTO, Workload
 
 CHECKPOINTING = ("ours",)
 """Mechanisms the benchmark runs with checkpoints; every other arm runs without."""
@@ -30,13 +31,14 @@ class Setting:
     warmup: int
     """Steps left out of the statistics (first steps: allocator and caches warming up)."""
     durable_every: int
-    local_every: int
+    local_every: int | str
+    """The local tier's interval for ours ("auto": the library's default)."""
 
 
 SETTINGS = {
-    "tiny": Setting(steps=150, warmup=10, durable_every=10, local_every=1),
-    "200mb": Setting(steps=40, warmup=5, durable_every=10, local_every=0),
-    "1gb": Setting(steps=16, warmup=4, durable_every=8, local_every=0),
+    "tiny": Setting(steps=150, warmup=10, durable_every=10, local_every=LOCAL_AUTO),
+    "200mb": Setting(steps=40, warmup=5, durable_every=10, local_every=LOCAL_AUTO),
+    "1gb": Setting(steps=16, warmup=4, durable_every=8, local_every=LOCAL_AUTO),
 }
 
 

@@ -120,7 +120,8 @@ class OursPeer:
             t_fit = time.time()
             trainer = self._trainer(workload)
             result = call(lambda: trainer.fit(raise_on_failure=False))  # a failure is data here
-        _write_phases(workload.run_dir, t_start, t_fit, result.phases)
+        _write_phases(workload.run_dir, t_start, t_fit, result.phases,
+                      getattr(result, "local_interval_steps", None))
         report = getattr(result, "goodput", None)
         timeline = getattr(report, "timeline", None)
         if timeline is not None:
@@ -163,10 +164,13 @@ class OursPeer:
             local_max_bytes=None)
 
 
-def _write_phases(run_dir: str, t_launch: float, t_fit: float, phases: list) -> None:
-    """When the run was launched and `fit()` called, and the phases our supervisor timed."""
+def _write_phases(run_dir: str, t_launch: float, t_fit: float, phases: list,
+                  local_interval_steps: int | None) -> None:
+    """When the run was launched and `fit()` called, the phases our supervisor timed and the
+    local tier's interval the run chose (`Result.local_interval_steps`; None: tier off)."""
     with open(os.path.join(run_dir, PHASES_FILE), "w", encoding="utf-8") as f:
-        json.dump({"t_launch": t_launch, "t_fit": t_fit, "phases": phases}, f)
+        json.dump({"t_launch": t_launch, "t_fit": t_fit, "phases": phases,
+                   "local_interval_steps": local_interval_steps}, f)
 
 
 def _from(timeline: RunTimeline, t_start: float) -> RunTimeline:

@@ -103,8 +103,10 @@ class Worker:
 
     def note_startup(self, t_process: float | None, t_init: float, t_imported: float) -> None:
         """Start-up phases: process boot (to the actor's `__init__`) and the imports after."""
-        if t_process is not None and t_process <= t_init:
-            self._startup.append({"phase": "process_start", "t_start": t_process,
+        if t_process is not None:
+            # /proc's boot time has whole seconds: a process started just before its actor's
+            # `__init__` can read later than it. Such a boot took less than we can measure.
+            self._startup.append({"phase": "process_start", "t_start": min(t_process, t_init),
                                   "t_end": t_init})
         self._startup.append({"phase": "imports", "t_start": t_init, "t_end": t_imported})
 

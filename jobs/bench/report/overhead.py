@@ -1,0 +1,126 @@
+"""The fault-free overhead section of docs/benchmarks.md (from `overhead.json`,
+bench_overhead.py): ours' per-step cost against no resilience and against plain torchrun."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .fmt import NONE, mb, ms, pct, sec, spread, table
+
+CONFIGS = {
+    "torchrun": "the loop under torchrun, no checkpoints",
+    "ours-disabled": "ResilienceConfig.disabled(): Ray actors, nothing recovering, no checkpoints",
+    "ours": "ResilienceConfig.default(): checkpoints every {durable} steps, local tier \"auto\"",
+}
+BUDGET_VS_NONE = 0.01
+"""Target: the defaults cost at most 1% per step against no resilience (ours-disabled)."""
+BUDGET_VS_TORCHRUN = 0.02
+"""Target: ours' fault-free step within 2% of plain torchrun's."""
+
+
+def _paired(entry: dict[str, Any], a: str, b: str, kind: str) -> dict[str, Any] | None:
+    return (entry["paired"].get(f"{a} vs {b}") or {}).get(kind)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _totals(entry: dict[str, Any], arm: str) -> tuple[float | None, float | None]:
+    """Median over repetitions of the CPU per step and peak RSS summed over every process."""
+    cpu, rss = [], []
+    for run in entry["runs"]:
+        acc = run.get("accounting")
+        if run["arm"] == arm and acc and acc["processes"]:
+            cpu.append(sum(p["cpu_per_step_s"] for p in acc["processes"].values()))
+            rss.append(sum(p["rss_bytes"] for p in acc["processes"].values()))
+    return _median(cpu), _median(rss)
+
+
+def _intervals(entry: dict[str, Any], arm: str) -> str:
+    chosen = sorted({r["local_interval_steps"] for r in entry["runs"]
+                     if r["arm"] == arm and r.get("local_interval_steps")})
+    return ", ".join(map(str, chosen)) if chosen else NONE
+
+
+def _row(entry: dict[str, Any], arm: str) -> list[str]:
+    s = entry["arms"][arm]
+    cpu, rss = _totals(entry, arm)
+    config = CONFIGS.get(arm.split("@")[0], arm).format(durable=entry["durable_every"])
+    return [entry["size"], arm, f"{s['ok']}/{s['runs']}",
+            spread(s["wall_median_s"], ms), spread(s["wall_mean_s"], ms),
+            spread(_paired(entry, arm, "torchrun", "wall_mean_s")),
+            spread(_paired(entry, arm, "ours-disabled", "wall_mean_s")),
+            _intervals(entry, arm), spread(s["startup"]["total"], sec),
+            ms(cpu), mb(None if rss is None else rss / 1e6), config]
+
+
+def _roles(entry: dict[str, Any], arm: str) -> list[list[str]]:
+    """Per process role of `arm`'s first complete run: count, CPU per step, share, RSS."""
+    run = next((r for r in entry["runs"] if r["arm"] == arm and r.get("accounting")), None)
+    if run is None:
+        return []
+    procs = run["accounting"]["processes"]
+    return [[entry["size"], role, str(p["count"]), ms(p["cpu_per_step_s"]), pct(p["core_share"]),
+             mb(p["rss_bytes"] / 1e6)]
+            for role, p in sorted(procs.items(), key=lambda kv: -kv[1]["cpu_s"])]
+
+
+def _threads(entry: dict[str, Any], arm: str) -> list[list[str]]:
+    run = next((r for r in entry["runs"] if r["arm"] == arm and r.get("accounting")), None)
+    if run is None:
+        return []
+    return [[entry["size"], name, str(t["count"]), ms(t["cpu_per_step_s"]),
+             f"{t['switches_per_step']:.1f}", ",".join(map(str, t["nice"]))]
+            for name, t in run["accounting"]["rank_threads"].items()]
+
+
+def verdicts(doc: dict[str, Any]) -> list[str]:
+    """Per size, the two targets against the paired medians of the mean step time."""
+    out = []
+    for entry in doc["sizes"].values():
+        vs_none = _paired(entry, "ours", "ours-disabled", "wall_mean_s")
+        vs_torchrun = _paired(entry, "ours", "torchrun", "wall_mean_s")
+        parts = []
+        for label, got, budget in (("vs no resilience", vs_none, BUDGET_VS_NONE),
+                                   ("vs torchrun", vs_torchrun, BUDGET_VS_TORCHRUN)):
+            if not got:
+                parts.append(f"{label}: not measured")
+                continue
+            met = "met" if got["median"] <= budget else "missed"
+            parts.append(f"{label} {pct(got['median'])} (target <= {pct(budget, 0)}: {met})")
+        out.append(f"{entry['size']}: " + "; ".join(parts))
+    return out
+
+
+def section(doc: dict[str, Any]) -> str:
+    sizes = list(doc["sizes"].values())
+    if not sizes:
+        return NONE
+    arms = doc["arms"]
+    lines = [
+        "## Fault-free overhead", "",
+        f"From `jobs/bench/bench_overhead.py` ({doc['date_utc']}): the same loop on 2 CPU ranks "
+        f"(gloo), no faults, {doc['reps']} interleaved repetitions (the arms' order rotates "
+        "every repetition). Step: wall time per training step, averaged over ranks, after the "
+        "warm-up steps; the mean includes the periodic saves (committed checkpoints, the local "
+        "tier) at the steps they happen, so it is the figure the targets are judged on. "
+        "Against: the median over repetitions of (arm / other - 1) with both runs from the same "
+        "repetition, which cancels most of the shared machine's drift. CPU and memory: every "
+        "process the run started, summed, between two steps after the warm-up (CPU per training "
+        "step; peak resident memory).", "",
+        table(["size", "arm", "ok", "step, median", "step, mean", "vs torchrun",
+               "vs ours-disabled", "local interval", "start-up", "CPU per step", "RSS",
+               "configuration"],
+              [_row(e, a) for e in sizes for a in arms if a in e["arms"]]), "",
+        "Targets (paired medians of the mean step): " + "; ".join(verdicts(doc)) + ".", "",
+        "Where ours' CPU and memory go (its first complete run per size), per process:", "",
+        table(["size", "process", "count", "CPU per step", "share of a core", "RSS"],
+              [row for e in sizes for row in _roles(e, "ours")]), "",
+        "and per thread of the two rank processes (summed over ranks; `nice` as the kernel "
+        "reports it):", "",
+        table(["size", "thread", "count", "CPU per step", "switches per step", "nice"],
+              [row for e in sizes for row in _threads(e, "ours")]),
+    ]
+    return "\n".join(lines)
