@@ -103,7 +103,7 @@ def test_only_our_uids_run_folders_are_removed(tmp_path):
 
 
 def test_local_dir_must_be_a_tmpfs(tmp_path):
-    with pytest.raises(ConfigError, match="CheckpointConfig.local_dir"):
+    with pytest.raises(ConfigError, match="CheckpointConfig.local_dir.*not an existing folder"):
         local_roots.check_local_dir(str(tmp_path / "missing"))
     if local_roots.filesystem_type("/dev/shm") != "tmpfs":
         pytest.skip("/dev/shm is not a tmpfs here")

@@ -29,6 +29,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     workload = Workload.from_json(request["workload"])
     peer = make_peer(request["mechanism"], timeout_s=request["timeout_s"])
     become_subreaper()
+    if workload.local_root:  # a tmpfs folder of this run's own: ours checks it exists
+        os.makedirs(workload.local_root, mode=0o700, exist_ok=True)
     meter = Meter()
     meter.start()
     try:

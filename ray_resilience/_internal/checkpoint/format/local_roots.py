@@ -54,7 +54,12 @@ def node_root(prefix: str, node_id: str | None = None) -> str:
 def check_local_dir(local_dir: str) -> None:
     """ConfigError unless `local_dir` is a folder on a tmpfs: the tier's files belong in
     node-local memory, and a misconfigured folder (a checkout, a home) must never host them."""
-    fstype = filesystem_type(local_dir) if os.path.isdir(local_dir) else None
+    if not os.path.isdir(local_dir):
+        raise ConfigError("CheckpointConfig.local_dir", local_dir,
+                          "is not an existing folder; create it on node-local shared memory "
+                          "(e.g. '/dev/shm', on Kubernetes an emptyDir with medium: Memory), or "
+                          "turn the local tier off with local_interval_steps=0.")
+    fstype = filesystem_type(local_dir)
     if fstype != "tmpfs":
         found = f"is on {fstype}" if fstype else "is not a folder of a mounted file system"
         raise ConfigError("CheckpointConfig.local_dir", local_dir,
