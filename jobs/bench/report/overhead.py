@@ -17,6 +17,9 @@ BUDGET_VS_NONE = 0.01
 """Target: the defaults cost at most 1% per step against no resilience (ours-disabled)."""
 BUDGET_VS_TORCHRUN = 0.02
 """Target: ours' fault-free step within 2% of plain torchrun's."""
+SIZE_ORDER = ("tiny", "200mb", "1gb")
+THREADS_SHOWN = 10
+"""Rank threads per size in the thread table, the busiest first."""
 
 
 def _paired(entry: dict[str, Any], a: str, b: str, kind: str) -> dict[str, Any] | None:
@@ -71,15 +74,23 @@ def _threads(entry: dict[str, Any], arm: str) -> list[list[str]]:
     run = next((r for r in entry["runs"] if r["arm"] == arm and r.get("accounting")), None)
     if run is None:
         return []
+    busiest = sorted(run["accounting"]["rank_threads"].items(),
+                     key=lambda kv: (-kv[1]["cpu_per_step_s"], kv[0]))[:THREADS_SHOWN]
     return [[entry["size"], name, str(t["count"]), ms(t["cpu_per_step_s"]),
              f"{t['switches_per_step']:.1f}", ",".join(map(str, t["nice"]))]
-            for name, t in run["accounting"]["rank_threads"].items()]
+            for name, t in busiest]
+
+
+def _sizes(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's sizes, smallest first."""
+    return sorted(doc["sizes"].values(), key=lambda e: SIZE_ORDER.index(e["size"])
+                  if e["size"] in SIZE_ORDER else len(SIZE_ORDER))
 
 
 def verdicts(doc: dict[str, Any]) -> list[str]:
     """Per size, the two targets against the paired medians of the mean step time."""
     out = []
-    for entry in doc["sizes"].values():
+    for entry in _sizes(doc):
         vs_none = _paired(entry, "ours", "ours-disabled", "wall_mean_s")
         vs_torchrun = _paired(entry, "ours", "torchrun", "wall_mean_s")
         parts = []
@@ -95,7 +106,7 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
 
 
 def section(doc: dict[str, Any]) -> str:
-    sizes = list(doc["sizes"].values())
+    sizes = _sizes(doc)
     if not sizes:
         return NONE
     arms = doc["arms"]
@@ -118,8 +129,8 @@ def section(doc: dict[str, Any]) -> str:
         "Where ours' CPU and memory go (its first complete run per size), per process:", "",
         table(["size", "process", "count", "CPU per step", "share of a core", "RSS"],
               [row for e in sizes for row in _roles(e, "ours")]), "",
-        "and per thread of the two rank processes (summed over ranks; `nice` as the kernel "
-        "reports it):", "",
+        f"and the {THREADS_SHOWN} busiest threads of the two rank processes (summed over ranks; "
+        "`nice` as the kernel reports it: Ray starts its workers at nice 15):", "",
         table(["size", "thread", "count", "CPU per step", "switches per step", "nice"],
               [row for e in sizes for row in _threads(e, "ours")]),
     ]
