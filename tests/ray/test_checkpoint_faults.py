@@ -41,7 +41,9 @@ def _fill(root: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("fault", ["disk_full", "read_only"])
+@pytest.mark.parametrize("fault", [
+    pytest.param("disk_full", marks=pytest.mark.slow),  # ~13 s; read_only takes the same path
+    "read_only"])
 def test_storage_fault_mid_run_names_the_path_and_keeps_the_last_commit(ray_session, fault):
     with tmpfs("8m") as root:
         service, ranks = start_with(lambda: start_service(root, 2, memory_tier=False))

@@ -69,6 +69,7 @@ def test_loading_restores_values_and_extra_from_memory(two_ranks):
     assert stats["committed_steps"] == [3] and stats["memory_bytes"] > 0
 
 
+@pytest.mark.slow  # ~12 s; the local-tier test below restores killed ranks from writer memory
 def test_respawned_ranks_load_from_writer_memory(two_ranks):
     service, ranks, expected = two_ranks
     stop_ranks(ranks, kill=True)  # the writers' memory must outlive the ranks' processes
@@ -206,7 +207,8 @@ def test_resumed_run_ends_bit_equal_to_an_uninterrupted_one(ray_session, tmp_pat
         service.shutdown()
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+@pytest.mark.parametrize("damage", [
+    "corrupt", pytest.param("missing", marks=pytest.mark.slow)])  # ~7 s; the same fallback
 def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, damage):
     service, ranks = start_with(
         lambda: start_service(str(tmp_path), 2, interval_steps=2, memory_tier=False))

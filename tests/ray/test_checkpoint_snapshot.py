@@ -72,7 +72,9 @@ def test_in_place_write_during_the_copy_drops_the_save_and_keeps_the_last_commit
 # "auto" with the tiny model's state (~0.75 MB per rank) below auto_sync_max_bytes: sync.
 @pytest.mark.parametrize("ranks_with_slow_copy",
                          [{"snapshot": "sync"},
-                          {"snapshot": "auto", "auto_sync_max_bytes": 8 * 2**20}],
+                          # ~8 s; "auto" resolving to sync is unit-tested (test_checkpoint_config)
+                          pytest.param({"snapshot": "auto", "auto_sync_max_bytes": 8 * 2**20},
+                                       marks=pytest.mark.slow)],
                          indirect=True)
 def test_sync_snapshot_is_exact_even_under_in_place_writes(ranks_with_slow_copy):
     service, ranks = ranks_with_slow_copy
