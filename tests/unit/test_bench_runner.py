@@ -1,0 +1,47 @@
+"""The benchmark runner gives each run a private folder in node-local shared memory (ours
+refuses a `local_dir` that does not exist) and removes it after the run, whatever the run did."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "jobs", "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+from harness.spec import PeerRun, Workload  # noqa: E402
+from sweep import runner  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Peer:
+    name = "probe"
+
+    def __init__(self) -> None:
+        self.seen: tuple[bool, int] | None = None
+
+    def run(self, workload: Workload) -> PeerRun:
+        mode = os.stat(workload.local_root).st_mode
+        self.seen = (stat.S_ISDIR(mode), stat.S_IMODE(mode))
+        return PeerRun(mechanism=self.name, run_dir=workload.run_dir)
+
+
+def test_each_run_gets_a_private_local_folder_removed_after_it(tmp_path, monkeypatch) -> None:
+    peer = _Peer()
+    monkeypatch.setattr(runner, "make_peer", lambda name, timeout_s: peer)
+    monkeypatch.setattr(runner, "become_subreaper", lambda: None)  # not the test process
+    local_root = tmp_path / "shm" / "rrbench-run"  # missing: the runner creates it
+    workload = Workload(data_dir=str(tmp_path / "data"), run_dir=str(tmp_path / "run"),
+                        local_root=str(local_root))
+    workload.write()
+    result = runner.run_request({"workload": workload.to_json(), "mechanism": "probe",
+                                 "timeout_s": 30.0})
+    assert result["status"] == "ok", result
+    assert peer.seen == (True, 0o700)
+    assert not local_root.exists()
