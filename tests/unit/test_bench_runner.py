@@ -14,6 +14,7 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abs
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
+from harness.resources import Usage  # noqa: E402
 from harness.spec import PeerRun, Workload  # noqa: E402
 from sweep import runner  # noqa: E402
 
@@ -32,10 +33,24 @@ class _Peer:
         return PeerRun(mechanism=self.name, run_dir=workload.run_dir)
 
 
+class _NoMeter:
+    """The runner's meter kills every descendant of its process when it stops: in the test
+    process those are the session's S3 server and Ray, never a run's."""
+
+    processes: dict = {}
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> Usage:
+        return Usage(peak_rss_bytes=0, cpu_s=0.0, num_processes=0)
+
+
 def test_each_run_gets_a_private_local_folder_removed_after_it(tmp_path, monkeypatch) -> None:
     peer = _Peer()
     monkeypatch.setattr(runner, "make_peer", lambda name, timeout_s: peer)
     monkeypatch.setattr(runner, "become_subreaper", lambda: None)  # not the test process
+    monkeypatch.setattr(runner, "Meter", _NoMeter)
     local_root = tmp_path / "shm" / "rrbench-run"  # missing: the runner creates it
     workload = Workload(data_dir=str(tmp_path / "data"), run_dir=str(tmp_path / "run"),
                         local_root=str(local_root))
