@@ -115,8 +115,10 @@ def summary_table(results_dir: str) -> str:
     rows = [r for d in docs for r in targets.rows_for(d)]
     quick = any(d["quick"] for d in docs)
     note = " (quick run)" if quick else ""
+    left_out = targets.left_out_note(docs)
     return (f"Recovery benchmark summary{note}, from [docs/benchmarks.md](docs/benchmarks.md):\n\n"
-            + table(["size", "target", "ours", "best peer", "result"], rows))
+            + table(["size", "target", "ours", "best peer", "result"], rows)
+            + (f"\n\n{left_out}" if left_out else ""))
 
 
 def replace_block(text: str, block: str) -> str | None:

@@ -98,6 +98,21 @@ def test_targets_compare_ours_with_the_best_peer_of_each_column() -> None:
     assert rows["sigkill recovery p50 2x faster than the fastest peer"][-1] == "missed"
 
 
+def test_targets_leave_out_a_peer_that_met_fewer_faults_and_say_so() -> None:
+    doc = _doc()
+    doc["mechanisms"]["torchft"] = doc["mechanisms"]["torchrun"]
+    faster = _summary(0.95, 9.0, 0.1, 0.2)  # would win every column...
+    faster["faults_fired"] = {"median": 1, "min": 1, "max": 1, "n": 1}  # ...meeting 1 of 2 faults
+    doc["scenarios"]["aws"]["summary"]["torchft"] = faster
+    rows = {r[1]: r for r in targets.rows_for(doc)}
+    assert rows["exception recovery p50 5x faster than the fastest peer"][2:] == [
+        "1.00 s", "6.00 s (torchrun)", "met"]
+    assert all("torchft" not in r[3] for r in rows.values())
+    text = targets.section([doc])
+    assert "torchft at tiny (1/2 faults fired)" in text
+    assert targets.fewer_faults(_doc()) == {}
+
+
 def test_the_checkpoint_section_pairs_like_with_like() -> None:
     def row(method: str, throughput: float, persisted: float) -> dict:
         one = {"median": throughput, "min": throughput, "max": throughput, "n": 1}
