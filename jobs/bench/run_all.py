@@ -6,8 +6,11 @@
 
 Writes the result files into docs/benchmarks/ (or --out) and re-renders docs/benchmarks.md and
 the README's summary block from them. Run it on a quiet machine: every number is wall time.
-On the 2-core development machine the full run takes about 6-7 hours (recovery: tiny ~1 h,
-200mb ~1.5 h, 1gb ~3 h; checkpoint benchmark ~1.5 h); --quick about 35 minutes.
+On the 2-core development machine the recovery sweep took 57 min at tiny (200 steps, 54 runs)
+and 62 min at 200mb (30 steps, 43 runs); 1gb is estimated at 2.5-3 h (43 runs of 3-4 min: 12
+steps of ~8 s, five recoveries of ~20 s, ~30 s start-up) and the checkpoint benchmark at ~1.5 h,
+so the whole run takes 6-7 hours; --quick about 30 minutes. Nine mechanisms, three repetitions
+and a start-up of 7-30 s per run put a floor of ~40 min under each size here.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ SIZES: dict[str, Size] = {
                  checkpoint_steps=60, checkpoint_intervals=(1, 10)),
     # ~190 MB of fp32 parameters + AdamW state per rank.
     "200mb": Size(name="200mb", model=_with_dropout(PRESETS["small"]), batch_size=1, seq_len=32,
-                  max_steps=40, quick_steps=20, detect_timeout_s=30.0,
+                  max_steps=30, quick_steps=20, detect_timeout_s=30.0,
                   checkpoint_steps=20, checkpoint_intervals=(2, 10)),
     # ~1.0 GB per rank: with every mechanism's copies (staging, memory tier, two local-tier
     # copies) two ranks stay well inside this machine's 24 GiB.
