@@ -161,3 +161,92 @@ def test_a_dead_node_agent_is_restarted_and_the_ranks_train_on(clean, token_data
     assert result.control["agent_restarts"] >= 1
     for r in range(2):
         workload.assert_bit_equal(result.return_values[r]["state"], clean.return_values[r]["state"])
+
+
+# --- nothing sent is lost to the end of an attempt or a run ----------------------------------
+
+SLOW_S = 0.4
+"""How long the slow receivers below take per call: far longer than the sender needs to return,
+so without waiting for its calls the sender would finish before any arrived."""
+
+
+@ray.remote(max_concurrency=8)
+class _SlowSink:
+    """A node agent that takes SLOW_S per heartbeat (threaded like the real one, so a question
+    from the test is answered at once, not after the beats queued before it)."""
+
+    def __init__(self) -> None:
+        self.beats: list[tuple] = []
+
+    def heartbeat(self, rank, attempt, step, step_time, metrics, saves, sent_at, events,
+                  activity=None) -> None:
+        time.sleep(SLOW_S)
+        self.beats.append((rank, step, [e["phase"] for e in events]))
+
+    def taken(self) -> list[tuple]:
+        return self.beats
+
+
+class _Reports:
+    """A rank session that reported steps 1.. and one start-up phase, drained once per beat."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def drain(self, final: bool = False):
+        self.step += 1
+        events = [{"phase": "imports", "t_start": 0.0, "t_end": 1.0}] if self.step == 1 else []
+        return [], self.step, None, [], events
+
+
+@pytest.mark.timeout(60)
+def test_a_ranks_beats_reach_its_agent_before_the_forwarder_stops(ray_session):
+    from ray_resilience._internal.rank.progress import ProgressForwarder  # noqa: PLC0415
+
+    sink, reports = _SlowSink.remote(), _Reports()
+    assert ray.get(sink.taken.remote(), timeout=30) == []  # up, as a rank's agent is
+    forwarder = ProgressForwarder(sink, reports, rank=1, attempt=0, interval_s=0.05)
+    forwarder.start()
+    time.sleep(0.3)  # several beats sent, the first still inside the sink
+    forwarder.stop()
+    sent = reports.step - 1  # the final drain is returned to the caller, not sent
+    beats = ray.get(sink.taken.remote(), timeout=30)
+    assert sent >= 3
+    assert sorted(b[1] for b in beats) == list(range(1, sent + 1))
+    assert min(beats)[2] == ["imports"], "the start-up phase never reached the agent"
+
+
+@ray.remote(max_concurrency=4)
+class _SlowSupervisor:
+    """A supervisor that takes SLOW_S to fold each batch."""
+
+    def __init__(self) -> None:
+        self.folded: list = []
+
+    def progress(self, batch) -> None:
+        time.sleep(SLOW_S)
+        self.folded.append(batch)
+
+    def count(self) -> int:
+        return len(self.folded)
+
+
+@pytest.mark.timeout(60)
+def test_an_agents_forwarded_batches_are_folded_before_its_drain_returns(ray_session):
+    from ray_resilience._internal.control.node_agent import start_agent  # noqa: PLC0415
+
+    supervisor = _SlowSupervisor.remote()
+    assert ray.get(supervisor.count.remote(), timeout=30) == 0
+    agent = start_agent(supervisor, ray.get_runtime_context().get_node_id(), 0.05)
+    try:
+        ray.get(agent.heartbeat.remote(0, 0, 3, 0.1, [], [], time.time(),
+                                       [{"phase": "imports", "t_start": 0.0, "t_end": 1.0}]),
+                timeout=30)
+        deadline = time.monotonic() + 10
+        while ray.get(agent.__ray_call__.remote(lambda a: a.sent), timeout=30) == 0:
+            assert time.monotonic() < deadline, "the agent never forwarded its batch"
+            time.sleep(0.02)
+        ray.get(agent.take.remote(), timeout=30)  # the supervisor's drain at a run's end
+        assert ray.get(supervisor.count.remote(), timeout=30) == 1
+    finally:
+        ray.kill(agent)

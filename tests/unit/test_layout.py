@@ -56,7 +56,7 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("Leaves every room may use: typed errors, config field checks, small shared helpers.",
      (f"{PACKAGE}.errors", f"{PACKAGE}._validate", f"{PACKAGE}._internal.constants",
       f"{PACKAGE}._internal.lazy", f"{PACKAGE}._internal.priority",
-      f"{PACKAGE}._internal.attempt")),
+      f"{PACKAGE}._internal.attempt", f"{PACKAGE}._internal.calls")),
 ]
 """Top to bottom. A module belongs to the room of its longest matching name; it may import
 from its own room and the rooms below."""

@@ -3,6 +3,10 @@ heartbeats; it forwards one `ProgressBatch` per interval to the supervisor, so t
 message rate grows with nodes, not ranks. A rank's death still reaches the supervisor straight
 from Ray (its run future); the agent carries liveness and progress only.
 
+Nothing forwarded is lost to a run's end: `take()` (the supervisor's drain before it closes an
+attempt or the run) returns only after the supervisor has folded every batch this agent sent
+before, so a batch cannot arrive after the drain that should have found it.
+
 Ray restarts a dead agent in place (same handle, `max_restarts=-1`); the new one tells the
 supervisor, which gives that node's ranks a fresh heartbeat allowance instead of declaring them
 lost. Reports buffered in the dead agent (at most one interval's) are gone.
@@ -19,6 +23,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ray_resilience._internal.calls import unfinished, wait_finished
 from ray_resilience._internal.constants import checkpoint_call_timeout_s
 from ray_resilience._internal.control.batch import ProgressFolder
 from ray_resilience._internal.control.votes import VoteGatherer
@@ -37,6 +42,11 @@ supervisor's load stops growing with nodes. A batch costs the supervisor ~1-2 ms
 simulated ranks the supervisor used 43% of a core in all (docs/benchmarks.md). Beats carry their
 age, so the longer forwarding interval does not delay detection."""
 
+TAKE_FLUSH_TIMEOUT_S = 1.5
+"""How long `take()` waits for the batches already forwarded to be folded: inside the
+supervisor's own drain timeout (AGENT_DRAIN_TIMEOUT_S, 2 s), so a stuck one costs the batch, not
+the drain."""
+
 
 def forward_interval_s(progress_interval_s: float, num_nodes: int) -> float:
     """How often each of `num_nodes` agents forwards its batch."""
@@ -51,6 +61,8 @@ class NodeAgent:
         self._folder = ProgressFolder(node)
         self._votes = VoteGatherer()
         self._stop = threading.Event()
+        self._forward_lock = threading.Lock()
+        self._in_flight: list[Any] = []
         self.sent = 0
         restarted = _was_restarted()
         self._thread = threading.Thread(target=self._loop, name="rr-node-agent", daemon=True)
@@ -79,19 +91,25 @@ class NodeAgent:
             self.forward()
 
     def forward(self) -> None:
-        batch = self._folder.take()
-        if not batch:
-            return
-        try:
-            self._supervisor.progress.remote(batch)
+        with self._forward_lock:
+            batch = self._folder.take()
+            if not batch:
+                return
+            try:
+                ref = self._supervisor.progress.remote(batch)
+            except Exception:  # noqa: BLE001 - supervisor gone: the run is being torn down
+                return
             self.sent += 1
-        except Exception:  # noqa: BLE001 - supervisor gone: the run is being torn down
-            pass
+            self._in_flight = [*unfinished(self._in_flight), ref]
 
     def take(self) -> Any:
         """What is buffered, to the caller instead of the supervisor (the supervisor drains the
-        agents before it closes an attempt or the run)."""
-        return self._folder.take()
+        agents before it closes an attempt or the run), once the supervisor has folded the
+        batches sent before (waiting at most TAKE_FLUSH_TIMEOUT_S for them)."""
+        with self._forward_lock:
+            batch, in_flight, self._in_flight = self._folder.take(), self._in_flight, []
+        wait_finished(in_flight, TAKE_FLUSH_TIMEOUT_S)
+        return batch
 
     def ping(self) -> int:
         """This agent's pid (tests kill it)."""
