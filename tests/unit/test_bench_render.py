@@ -109,8 +109,15 @@ def test_targets_leave_out_a_peer_that_met_fewer_faults_and_say_so() -> None:
         "1.00 s", "6.00 s (torchrun)", "met"]
     assert all("torchft" not in r[3] for r in rows.values())
     text = targets.section([doc])
-    assert "torchft at tiny (1/2 faults fired)" in text
+    assert "torchft at tiny (1/2 faults fired)" in text and "torchft replica restarts" in text
     assert targets.fewer_faults(_doc()) == {}
+    other = copy.deepcopy(doc)  # another peer short of faults, its count unknown
+    other["mechanisms"]["ray-train"] = other["mechanisms"].pop("torchft")
+    other["scenarios"]["aws"]["summary"]["ray-train"] = {
+        **other["scenarios"]["aws"]["summary"].pop("torchft"), "faults_fired": {"median": None}}
+    text = targets.section([other])
+    assert "ray-train at tiny (–/2 faults fired)" in text
+    assert "torchft replica" not in text
 
 
 def test_the_checkpoint_section_pairs_like_with_like() -> None:

@@ -30,9 +30,14 @@ def faced_every_fault(s: dict[str, Any]) -> bool:
 def fewer_faults(doc: dict[str, Any]) -> dict[str, str]:
     """Peers of the AWS scenario left out of the targets: {mechanism: "fired/planned"}."""
     scenario = doc["scenarios"].get("aws") or {"summary": {}}
-    return {m: f"{s['faults_fired']['median']:g}/{s['faults_planned']}"
+    return {m: f"{_fired(s)}/{s['faults_planned']}"
             for m, s in scenario["summary"].items()
             if not m.startswith(OURS) and s["ok"] and not faced_every_fault(s)}
+
+
+def _fired(s: dict[str, Any]) -> str:
+    fired = (s.get("faults_fired") or {}).get("median")
+    return NONE if fired is None else f"{fired:g}"
 
 
 def rows_for(doc: dict[str, Any]) -> list[list[str]]:
@@ -76,9 +81,10 @@ def left_out_note(docs: list[dict[str, Any]]) -> str:
     if not left_out:
         return ""
     return ("Left out for meeting fewer faults than planned (their rows show what they did): "
-            + "; ".join(left_out) + ". A torchft replica restarts while the other trains on "
-            "alone; when the other reaches the last step first, the restarted replica's later "
-            "faults never fire.")
+            + "; ".join(left_out) + "."
+            + (" A torchft replica restarts while the other trains on alone; when the other "
+               "reaches the last step first, the restarted replica's later faults never fire."
+               if any(m.startswith("torchft") for doc in docs for m in fewer_faults(doc)) else ""))
 
 
 def section(docs: list[dict[str, Any]]) -> str:
