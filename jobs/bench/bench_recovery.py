@@ -10,11 +10,19 @@ it writes `recovery-<size>.json` (configuration, calibration, intervals, referen
 rows, per-mechanism summaries) and `recovery-<size>.timelines.json.gz` (every run's timeline)
 into --out; `render.py` turns them into docs/benchmarks.md. See sweep/recovery.py for the
 phases of a sweep.
+
+A sweep that must stop (`--stop-at`, a session's end, a crash) keeps every finished run in
+`recovery-<size>.journal.jsonl` under --out; the same command with `--resume` goes on from
+there (same --out and --work, same settings), so a size that takes hours can run in sittings:
+
+    python jobs/bench/bench_recovery.py --sizes 1gb --out /tmp/s1 --work /tmp/w1 --stop-at 20:40
+    python jobs/bench/bench_recovery.py --sizes 1gb --out /tmp/s1 --work /tmp/w1 --resume
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import shlex
 import sys
@@ -26,6 +34,7 @@ sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 from harness.sizes import SIZES  # noqa: E402 - after the path set-up above
 from peers import MECHANISMS, SWEPT  # noqa: E402
 from sweep import machine  # noqa: E402
+from sweep.journal import JournalMismatch, SweepPaused  # noqa: E402
 from sweep.plans import SCENARIOS  # noqa: E402
 from sweep.recovery import SizeSweep, SweepConfig  # noqa: E402
 from sweep.results import write_gz, write_json  # noqa: E402
@@ -60,7 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default=None, help="scratch folder for run folders "
                                                 "(default /tmp/rrbench-<time>)")
     p.add_argument("--run-timeout-s", type=float, default=1200.0)
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the sweep whose journal is in --out (needs --out and --work "
+                        "as given before)")
+    p.add_argument("--stop-at", default=None, metavar="HH:MM",
+                   help="UTC time after which no new run starts (the next occurrence); the "
+                        "sweep stops after the run in progress and can be resumed")
     args = p.parse_args(argv)
+    if args.resume and not (args.out and args.work):
+        p.error("--resume needs --out and --work, the folders of the sweep it goes on with")
+    args.deadline = _deadline(args.stop_at, p) if args.stop_at else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.sizes = _names(args.sizes or ("tiny" if args.quick else ",".join(SIZES)), SIZES,
                         "--sizes", p)
@@ -75,6 +93,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _deadline(text: str, parser: argparse.ArgumentParser) -> float:
+    try:
+        at = datetime.datetime.strptime(text, "%H:%M").time()
+    except ValueError:
+        parser.error(f"--stop-at={text!r}: give a UTC time as HH:MM, e.g. 20:40")
+    now = datetime.datetime.now(datetime.UTC)
+    when = now.replace(hour=at.hour, minute=at.minute, second=0, microsecond=0)
+    if when <= now:
+        when += datetime.timedelta(days=1)
+    return when.timestamp()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python jobs/bench/bench_recovery.py " + shlex.join(sys.argv[1:] if argv is None
@@ -83,12 +113,21 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = tuple(s for s in args.scenarios if s == "aws" or name in args.side_sizes)
         cfg = SweepConfig(mechanisms=args.mechanisms, scenarios=scenarios, reps=args.reps,
                           side_reps=args.side_reps, quick=args.quick, work_dir=args.work,
-                          run_timeout_s=args.run_timeout_s)
+                          run_timeout_s=args.run_timeout_s, journal_dir=args.out,
+                          resume=args.resume, deadline=args.deadline)
         info = machine.describe(command)
         started = time.time()
-        sweep = SizeSweep(cfg, name, log=lambda line: print(line, flush=True))
-        document = {"benchmark": "recovery", **info, **sweep.run(),
-                    "duration_s": round(time.time() - started, 1)}
+        try:
+            sweep = SizeSweep(cfg, name, log=lambda line: print(line, flush=True))
+            body = sweep.run()
+        except JournalMismatch as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except SweepPaused as exc:
+            print(f"[{name}] {exc}", flush=True)
+            return 3
+        document = {"benchmark": "recovery", **info, **body,
+                    "duration_s": round(time.time() - started, 1), **sweep.sittings()}
         document["machine"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
         print(f"wrote {write_json(os.path.join(args.out, f'recovery-{name}.json'), document)}")
         write_gz(os.path.join(args.out, f"recovery-{name}.timelines.json.gz"), sweep.timelines)

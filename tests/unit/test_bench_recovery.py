@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -189,8 +190,12 @@ def test_cli_defaults_and_validation(tmp_path) -> None:
     assert full.sizes == ("tiny", "200mb", "1gb") and (full.reps, full.side_reps) == (3, 1)
     assert full.side_sizes == ("tiny",)
     assert set(full.scenarios) == {"aws", "hang", "node_loss"}
+    assert full.deadline is None and not full.resume
+    later = bench_recovery.parse_args(["--stop-at", "23:59"])
+    assert 0 < later.deadline - time.time() <= 24 * 3600
     for bad in (["--mechanisms", "slurm"], ["--sizes", "huge"], ["--reps", "-1"],
-                ["--side-reps", "0"]):
+                ["--side-reps", "0"], ["--resume", "--out", str(tmp_path)],
+                ["--stop-at", "8pm"]):
         with pytest.raises(SystemExit):
             bench_recovery.parse_args(bad)
 
@@ -210,3 +215,57 @@ def test_every_mechanism_says_how_it_is_configured_and_what_it_cannot_run() -> N
         for kind, reason in getattr(peer, "unsupported_reasons", {}).items():
             assert kind not in peer.supported_kinds and reason
     assert "NCCL" in make_peer("nvrx-inprocess").available()
+
+
+def test_a_sweep_stopped_at_its_deadline_resumes_without_running_anything_twice(
+        tmp_path, monkeypatch) -> None:
+    from sweep import recovery  # noqa: PLC0415
+    from sweep.journal import JournalMismatch, SweepPaused  # noqa: PLC0415
+
+    ran: list[str] = []
+
+    def execute(mechanism, workload, *, phase, rep, timeout_s):
+        os.makedirs(workload.run_dir, exist_ok=True)
+        ran.append(os.path.basename(workload.run_dir))
+        return {"mechanism": mechanism, "phase": phase, "rep": rep, "status": "failed",
+                "error": f"run {len(ran)}", "notes": [], "faults_planned": 0,
+                "intervals": {"durable": workload.checkpoint_interval, "local": 0},
+                "usage": {"cpu_s": float(len(ran))}, "run_dir": workload.run_dir,
+                "timeline": None}
+
+    monkeypatch.setattr(recovery.runs, "execute", execute)
+    monkeypatch.setattr(recovery, "generate_shards", lambda *a, **k: None)
+
+    def sweep(out: str, *, resume: bool = False, deadline: float | None = None,
+              reps: int = 2) -> recovery.SizeSweep:
+        cfg = recovery.SweepConfig(mechanisms=("ours", "torchrun"), scenarios=("aws",),
+                                   reps=reps, side_reps=1, quick=True,
+                                   work_dir=str(tmp_path / "work" / os.path.basename(out)),
+                                   journal_dir=out, resume=resume, deadline=deadline)
+        return recovery.SizeSweep(cfg, "tiny", log=lambda line: None)
+
+    whole = sweep(str(tmp_path / "whole")).run()
+    everything, ran[:] = list(ran), []
+    assert len(everything) == len(set(everything)) == 2 + 2 + 2 * 2  # calib, refs, 2 reps
+
+    out = str(tmp_path / "split")
+    first = sweep(out, deadline=1e12)
+    real_time = recovery.time.time
+    monkeypatch.setattr(recovery.time, "time",
+                        lambda: 2e12 if len(ran) >= 3 else real_time())
+    with pytest.raises(SweepPaused):
+        first.run()
+    monkeypatch.setattr(recovery.time, "time", real_time)
+    assert len(ran) == 3
+    with pytest.raises(JournalMismatch, match="--resume"):
+        sweep(out)  # a journal is there: starting over needs another --out
+    with pytest.raises(JournalMismatch, match="reps is 3 but the journal"):
+        sweep(out, resume=True, reps=3)
+    resumed = sweep(out, resume=True)
+    split = resumed.run()
+    assert ran == everything, "a run was repeated, skipped or reordered"
+    assert [r["error"] for r in split["scenarios"]["aws"]["runs"]] == \
+        [r["error"] for r in whole["scenarios"]["aws"]["runs"]]
+    assert split["calibration"] == whole["calibration"]
+    sittings = resumed.sittings()["sittings"]
+    assert [s["runs"] for s in sittings] == [3, len(everything) - 3]

@@ -9,12 +9,15 @@
 3. faulty: each scenario's plan, `reps` times; the order of mechanisms rotates every
    repetition, so a drift of the machine's speed spreads over all of them.
 Every run is isolated in its own runner process (`sweep.runner`) and charged its resources.
+Every finished run goes to the sweep's journal (`sweep.journal`): a sweep stopped by its
+deadline or a crash resumes from there, the runs it already has not run again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +30,7 @@ from scoring.yardstick import steady_step_s, yardstick
 from ray_resilience.examples.token_data import generate_shards
 
 from . import runs
+from .journal import Journal, SweepPaused
 from .plans import SCENARIOS, plan_for
 from .summary import overhead, summarize_faulty
 
@@ -48,6 +52,19 @@ class SweepConfig:
     run_timeout_s: float = 1200.0
     world_size: int = 2
     seed: int = 0
+    journal_dir: str | None = None
+    """Where `<size>.journal.jsonl` goes (None: no journal, nothing to resume)."""
+    resume: bool = False
+    """Go on with the journal's sweep (same settings) instead of starting one."""
+    deadline: float | None = None
+    """Wall time (epoch s) after which no new run starts: SweepPaused, resume later."""
+
+    def settings(self, steps: int) -> dict[str, Any]:
+        """What a resumed sweep must share with the journal's."""
+        return {"mechanisms": list(self.mechanisms), "scenarios": list(self.scenarios),
+                "reps": self.reps, "side_reps": self.side_reps, "quick": self.quick,
+                "work_dir": self.work_dir, "world_size": self.world_size, "seed": self.seed,
+                "steps": steps}
 
 
 def _rotated(names: list[str], by: int) -> list[str]:
@@ -66,6 +83,9 @@ class SizeSweep:
         self.records: list[dict[str, Any]] = []
         self.timelines: dict[str, Any] = {}
         self._count = 0
+        self.journal = None if cfg.journal_dir is None else Journal(
+            os.path.join(cfg.journal_dir, f"recovery-{self.size.name}.journal.jsonl"),
+            cfg.settings(self.steps), resume=cfg.resume)
 
     def run(self) -> dict[str, Any]:
         data = os.path.join(self.root, "data")
@@ -183,13 +203,32 @@ class SizeSweep:
         return base.with_(run_dir=run_dir, local_root=local_root, **changes)
 
     def _execute(self, name: str, wl: Workload, phase: str, rep: int) -> dict[str, Any]:
-        self.log(f"[{self.size.name}] {name}: {phase} run {rep} ({wl.max_steps} steps, durable "
-                 f"every {wl.checkpoint_interval}, local every {wl.local_interval}, "
-                 f"{len(wl.fault_plan)} faults)")
-        record = runs.execute(name, wl, phase=phase, rep=rep, timeout_s=self.cfg.run_timeout_s)
-        self.log(f"    -> {record['status']}" + (f": {record['error']}" if record["error"] else ""))
+        key = os.path.basename(wl.run_dir)
+        record = self.journal.get(key) if self.journal else None
+        if record is not None:
+            self.log(f"[{self.size.name}] {key}: from the journal ({record['status']})")
+        else:
+            if self.cfg.deadline is not None and time.time() >= self.cfg.deadline:
+                raise SweepPaused(self.journal.path if self.journal else "(none)",
+                                  len(self.records))
+            self.log(f"[{self.size.name}] {name}: {phase} run {rep} ({wl.max_steps} steps, "
+                     f"durable every {wl.checkpoint_interval}, local every "
+                     f"{wl.local_interval}, {len(wl.fault_plan)} faults)")
+            record = runs.execute(name, wl, phase=phase, rep=rep,
+                                  timeout_s=self.cfg.run_timeout_s)
+            self.log(f"    -> {record['status']}"
+                     + (f": {record['error']}" if record["error"] else ""))
+            if self.journal:
+                self.journal.add(key, record)
         self.records.append(record)
         return record
+
+    def sittings(self) -> dict[str, Any]:
+        """How the sweep was split over sittings (one unless it was resumed)."""
+        if self.journal is None:
+            return {}
+        return {"sittings": self.journal.summary(),
+                "duration_s": round(self.journal.duration_s(), 1)}
 
     def _score_all(self, stick: float | None, references: dict[str, dict[str, Any]]) -> None:
         ok_ref = {m: r["run_dir"] for m, r in references.items() if r["status"] == "ok"}
