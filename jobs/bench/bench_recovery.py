@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated from {', '.join(MECHANISMS)}")
     p.add_argument("--reps", type=int, default=None,
                    help="repetitions of the AWS scenario (default 3; --quick: 1)")
+    p.add_argument("--ref-reps", type=int, default=None,
+                   help="repetitions of the fault-free reference run (default 3; --quick: 1), "
+                        "interleaved with the AWS scenario's")
     p.add_argument("--side-reps", type=int, default=1,
                    help="repetitions of the hang and node-loss scenarios")
     p.add_argument("--out", default=None, help="result folder (default results/bench/<time>)")
@@ -86,8 +89,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.side_sizes = _names(args.side_sizes, SIZES, "--side-sizes", p)
     args.mechanisms = _names(args.mechanisms, MECHANISMS, "--mechanisms", p)
     args.reps = args.reps or (1 if args.quick else 3)
-    if args.reps < 1 or args.side_reps < 1:
-        p.error(f"--reps={args.reps} and --side-reps={args.side_reps} must be >= 1")
+    args.ref_reps = args.ref_reps or (1 if args.quick else 3)
+    if min(args.reps, args.side_reps, args.ref_reps) < 1:
+        p.error(f"--reps={args.reps}, --ref-reps={args.ref_reps} and "
+                f"--side-reps={args.side_reps} must be >= 1")
     args.out = os.path.abspath(args.out or os.path.join("results", "bench", stamp))
     args.work = os.path.abspath(args.work or f"/tmp/rrbench-{stamp}")
     return args
@@ -112,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.sizes:
         scenarios = tuple(s for s in args.scenarios if s == "aws" or name in args.side_sizes)
         cfg = SweepConfig(mechanisms=args.mechanisms, scenarios=scenarios, reps=args.reps,
-                          side_reps=args.side_reps, quick=args.quick, work_dir=args.work,
+                          ref_reps=args.ref_reps, side_reps=args.side_reps, quick=args.quick,
+                          work_dir=args.work,
                           run_timeout_s=args.run_timeout_s, journal_dir=args.out,
                           resume=args.resume, deadline=args.deadline)
         info = machine.describe(command)

@@ -7,6 +7,8 @@ the fault trigger's fire-once rule, the ledger alignment of ours' timeline, the 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
 import time
@@ -191,6 +193,7 @@ def test_cli_defaults_and_validation(tmp_path) -> None:
     assert full.side_sizes == ("tiny",)
     assert set(full.scenarios) == {"aws", "hang", "node_loss"}
     assert full.deadline is None and not full.resume
+    assert (full.ref_reps, quick.ref_reps) == (3, 1)
     later = bench_recovery.parse_args(["--stop-at", "23:59"])
     assert 0 < later.deadline - time.time() <= 24 * 3600
     for bad in (["--mechanisms", "slurm"], ["--sizes", "huge"], ["--reps", "-1"],
@@ -269,3 +272,50 @@ def test_a_sweep_stopped_at_its_deadline_resumes_without_running_anything_twice(
     assert split["calibration"] == whole["calibration"]
     sittings = resumed.sittings()["sittings"]
     assert [s["runs"] for s in sittings] == [3, len(everything) - 3]
+
+
+def test_reference_repetitions_interleave_with_the_aws_ones_and_give_the_median(
+        tmp_path, monkeypatch) -> None:
+    from sweep import recovery  # noqa: PLC0415
+    from sweep.journal import Journal  # noqa: PLC0415
+
+    order: list[str] = []
+    steady = iter([0.30, 0.10, 0.20, 0.11, 0.50, 0.12])  # per reference run, in run order
+
+    def execute(mechanism, workload, *, phase, rep, timeout_s):
+        os.makedirs(workload.run_dir, exist_ok=True)
+        order.append(f"{phase}{rep}:{mechanism}")
+        return {"mechanism": mechanism, "phase": phase, "rep": rep,
+                "status": "ok" if phase == "reference" else "failed", "error": None,
+                "notes": [], "faults_planned": 0, "intervals": {"durable": 0, "local": 0},
+                "usage": {}, "run_dir": workload.run_dir,
+                "timeline": {"steady": next(steady)} if phase == "reference" else None}
+
+    monkeypatch.setattr(recovery.runs, "execute", execute)
+    monkeypatch.setattr(recovery.runs, "timeline_of", lambda r: r["timeline"])
+    monkeypatch.setattr(recovery, "steady_step_s", lambda t: t["steady"])
+    monkeypatch.setattr(recovery.runs, "score", lambda record, *a: None)
+    monkeypatch.setattr(recovery.runs, "compare", lambda record, *, own, family: record.update(
+        own=own and os.path.basename(own)))
+    monkeypatch.setattr(recovery, "generate_shards", lambda *a, **k: None)
+    cfg = recovery.SweepConfig(mechanisms=("torchft", "torchrun"), scenarios=("aws",), reps=2,
+                               ref_reps=3, side_reps=1, quick=True, work_dir=str(tmp_path / "w"),
+                               journal_dir=str(tmp_path / "out"))
+    doc = recovery.SizeSweep(cfg, "tiny", log=lambda line: None).run()
+    refs = [o for o in order if o.startswith("reference")]
+    assert order.index("reference1:torchrun") > order.index("aws0:torchft"), "not interleaved"
+    assert order.index("reference2:torchft") > order.index("aws1:torchrun")
+    assert len(refs) == 6 and refs[:2] == ["reference0:torchft", "reference0:torchrun"]
+    # torchft's references ran 1st, 4th, 5th: 0.30, 0.11, 0.50; torchrun's 0.10, 0.20, 0.12
+    assert doc["references"]["torchft"]["steady_step_s"] == 0.30
+    assert doc["references"]["torchrun"]["steady_step_s"] == 0.12
+    assert doc["yardstick"] == {"mechanism": "torchrun", "step_s": 0.12}
+    assert [r["steady_step_s"] for r in doc["references"]["torchft"]["repetitions"]] == [
+        0.30, 0.11, 0.50]
+    assert doc["ref_reps"] == 3
+    # a journal from before reference repetitions existed resumes as one repetition
+    old = tmp_path / "old.journal.jsonl"
+    settings = cfg.settings(10)
+    del settings["ref_reps"]
+    old.write_text(json.dumps({"settings": settings}) + "\n")
+    Journal(str(old), dataclasses.replace(cfg, ref_reps=1).settings(10), resume=True)

@@ -77,13 +77,33 @@ def reference_table(doc: dict[str, Any]) -> str:
         score = ref.get("score") or {}
         equal = ref.get("params_equal_family")
         rows.append([
-            mech, ms(ref.get("steady_step_s")), pct(doc["overhead_vs_torchrun"].get(mech)),
+            mech, _steady(ref), pct(doc["overhead_vs_torchrun"].get(mech)),
             pct(score.get("training_goodput")), sec(score.get("wall_s")),
             str(iv["durable"] or NONE), str(iv["local"] or NONE), ms(cal.get("durable_cost_s")),
             ms(cal.get("local_cost_s")), NONE if equal is None else ("yes" if equal else "NO"),
             gib((ref.get("usage") or {}).get("peak_rss_bytes")),
             sec((ref.get("usage") or {}).get("cpu_s")), _config(doc["mechanisms"][mech])])
     return table(headers, rows)
+
+
+def _sittings(doc: dict[str, Any]) -> str:
+    """", run in 2 sittings (commits a, b)" when the sweep was resumed, else ""."""
+    sittings = doc.get("sittings") or []
+    if len(sittings) <= 1:
+        return ""
+    commits = ", ".join(dict.fromkeys(str(s.get("commit")) for s in sittings))
+    return (f"; run in {len(sittings)} sittings of {', '.join(str(s['runs']) for s in sittings)}"
+            f" runs, commits {commits}")
+
+
+def _steady(ref: dict[str, Any]) -> str:
+    """The median steady step over the reference's repetitions, with their range."""
+    steps = [r["steady_step_s"] for r in ref.get("repetitions", [])
+             if r.get("steady_step_s") is not None]
+    if len(steps) <= 1:
+        return ms(ref.get("steady_step_s"))
+    return spread({"median": ref["steady_step_s"], "min": min(steps), "max": max(steps),
+                   "n": len(steps)}, ms)
 
 
 def _config(info: dict[str, Any]) -> str:
@@ -101,8 +121,9 @@ def section(doc: dict[str, Any]) -> str:
                 "it shows the harness works, not where the mechanisms stand.", ""]
     stick = doc.get("yardstick")
     out += [f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s; "
-            f"AWS schedule {doc['reps']} repetition(s), other scenarios "
-            f"{doc.get('side_reps', doc['reps'])}; medians with min–max). Yardstick: "
+            f"AWS schedule {doc['reps']} repetition(s), fault-free reference "
+            f"{doc.get('ref_reps', 1)}, other scenarios {doc.get('side_reps', doc['reps'])}; "
+            f"medians with min–max{_sittings(doc)}). Yardstick: "
             + (f"{stick['mechanism']}'s fault-free steady step, {ms(stick['step_s'])}."
                if stick else "none (no fault-free run finished).")
             + f" Hang detection timeout, the same for every mechanism: "

@@ -4,17 +4,22 @@ deadline, a session's end, a crash) resumes where it stopped instead of starting
 A size's sweep at ~1 GB per rank takes hours on the 2-core machine; with the journal it can run
 across several sittings. The first line holds the sweep's settings; resuming with different ones
 is refused, naming the setting. Each run line holds the run's record (timeline included), when
-it ended and in which sitting, so the result document says how the sweep was split.
+it ended and in which sitting; each sitting line the commit its runs used, so the result
+document says how the sweep was split and on which code.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from typing import Any
 
 from .results import _plain
+
+SETTINGS_ADDED_LATER = {"ref_reps": 1}
+"""Settings a journal written before they existed lacks, at the value they had then."""
 
 
 class SweepPaused(Exception):
@@ -51,8 +56,10 @@ class Journal:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._append({"settings": settings})
         self.sitting = len(self.sittings)
-        self.sittings.append({"started": time.time(), "ended": None, "runs": 0})
-        self._append({"sitting": self.sitting, "started": self.sittings[-1]["started"]})
+        self.sittings.append({"started": time.time(), "ended": None, "runs": 0,
+                              "commit": _commit()})
+        self._append({"sitting": self.sitting, "started": self.sittings[-1]["started"],
+                      "commit": self.sittings[-1]["commit"]})
 
     def _load(self, settings: dict[str, Any]) -> None:
         with open(self.path, encoding="utf-8") as f:
@@ -60,6 +67,7 @@ class Journal:
         saved = lines[0].get("settings") if lines else None
         if saved is None:
             raise JournalMismatch(f"{self.path} has no settings line; it is not a sweep journal")
+        saved = {**SETTINGS_ADDED_LATER, **saved}
         for key in sorted(set(saved) | set(settings)):
             if saved.get(key) != _jsonable(settings.get(key)):
                 raise JournalMismatch(
@@ -67,7 +75,8 @@ class Journal:
                     f"written with {saved.get(key)!r}; resume with the same settings")
         for line in lines[1:]:
             if "sitting" in line:
-                self.sittings.append({"started": line["started"], "ended": None, "runs": 0})
+                self.sittings.append({"started": line["started"], "ended": None, "runs": 0,
+                                      "commit": line.get("commit")})
             elif "key" in line:
                 self.runs[line["key"]] = line["record"]
                 self.sittings[line["in_sitting"]]["ended"] = line["ended"]
@@ -99,13 +108,27 @@ class Journal:
         def utc(t: float | None) -> str | None:
             return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
         return [{"started_utc": utc(s["started"]), "last_run_ended_utc": utc(s["ended"]),
-                 "runs": s["runs"]} for s in self.sittings if s["runs"]]
+                 "runs": s["runs"], "commit": s["commit"]} for s in self.sittings if s["runs"]]
 
     def _append(self, line: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, sort_keys=True, default=_plain) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def _commit() -> str | None:
+    """The checkout's commit the runs of this sitting use (with "+dirty" for local edits)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    try:
+        head = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.strip() + ("+dirty" if dirty.strip() else "")
 
 
 def _jsonable(value: Any) -> Any:

@@ -3,11 +3,14 @@
 1. calibration: each mechanism that checkpoints trains fault-free for a third of the run,
    saving durably every few steps and to its local tier (if any) every step; what a save of
    each tier costs the run gives its interval (`scoring.intervals`), the same rule for all;
-2. reference: each mechanism trains the whole run fault-free at those intervals: its steady
-   step (the fastest is the yardstick), its overhead against plain torchrun, and the final
-   parameters every faulty run is compared with, bit for bit;
+2. reference: each mechanism trains the whole run fault-free at those intervals, `ref_reps`
+   times: its steady step (median over the repetitions; the fastest median is the yardstick),
+   its overhead against plain torchrun, and the final parameters every faulty run is compared
+   with, bit for bit (the first repetition's; the others must equal it too);
 3. faulty: each scenario's plan, `reps` times; the order of mechanisms rotates every
-   repetition, so a drift of the machine's speed spreads over all of them.
+   repetition, so a drift of the machine's speed spreads over all of them. Reference
+   repetition k runs just before the AWS scenario's repetition k (interleaved, so both see the
+   same machine).
 Every run is isolated in its own runner process (`sweep.runner`) and charged its resources.
 Every finished run goes to the sweep's journal (`sweep.journal`): a sweep stopped by its
 deadline or a crash resumes from there, the runs it already has not run again.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +48,8 @@ class SweepConfig:
     scenarios: tuple[str, ...]
     reps: int
     """Repetitions of the AWS scenario (the headline)."""
+    ref_reps: int = 1
+    """Repetitions of the fault-free reference run."""
     side_reps: int
     """Repetitions of the other scenarios (detection timeouts and node starts dominate them)."""
     quick: bool
@@ -62,7 +68,8 @@ class SweepConfig:
     def settings(self, steps: int) -> dict[str, Any]:
         """What a resumed sweep must share with the journal's."""
         return {"mechanisms": list(self.mechanisms), "scenarios": list(self.scenarios),
-                "reps": self.reps, "side_reps": self.side_reps, "quick": self.quick,
+                "reps": self.reps, "ref_reps": self.ref_reps, "side_reps": self.side_reps,
+                "quick": self.quick,
                 "work_dir": self.work_dir, "world_size": self.world_size, "seed": self.seed,
                 "steps": steps}
 
@@ -97,21 +104,33 @@ class SizeSweep:
         runnable = [m for m in self.cfg.mechanisms if m not in unavailable]
         calibration = self._calibrate(base, runnable)
         intervals = {m: self._intervals(m, calibration.get(m)) for m in runnable}
-        references = self._references(base, runnable, intervals)
-        steady = {m: references[m]["steady_step_s"] for m in runnable}
+        references: dict[str, list[dict[str, Any]]] = {m: [] for m in runnable}
+        scenarios: dict[str, Any] = {}
+        for rep in range(max(self.cfg.ref_reps, self.cfg.reps)):
+            if rep < self.cfg.ref_reps:
+                for name, record in self._references(base, runnable, intervals, rep).items():
+                    references[name].append(record)
+            if "aws" in self.cfg.scenarios and rep < self.cfg.reps:
+                scenarios["aws"] = self._scenario(base, "aws", runnable, intervals, rep)
+        for name in self.cfg.scenarios:
+            if name != "aws":
+                for rep in range(self.cfg.side_reps):
+                    scenarios[name] = self._scenario(base, name, runnable, intervals, rep)
+        scenarios = {s: scenarios[s] for s in self.cfg.scenarios}
+        steady = {m: _median([r["steady_step_s"] for r in references[m]]) for m in runnable}
         stick = yardstick(steady)
-        scenarios = {s: self._scenario(base, s, runnable, intervals) for s in self.cfg.scenarios}
-        self._score_all(stick[1] if stick else None, references)
+        self._score_all(stick[1] if stick else None, {m: rs[0] for m, rs in references.items()})
         return {
             "size": {**dataclasses.asdict(self.size),
                      "state_bytes_per_rank": self.size.state_bytes_per_rank},
-            "max_steps": self.steps, "reps": self.cfg.reps, "side_reps": self.cfg.side_reps,
+            "max_steps": self.steps, "reps": self.cfg.reps, "ref_reps": self.cfg.ref_reps,
+            "side_reps": self.cfg.side_reps,
             "quick": self.cfg.quick,
             "world_size": self.cfg.world_size,
             "yardstick": {"mechanism": stick[0], "step_s": stick[1]} if stick else None,
             "mechanisms": {m: self._describe(m, unavailable.get(m)) for m in self.cfg.mechanisms},
             "calibration": calibration, "intervals": intervals,
-            "references": {m: _row(r) for m, r in references.items()},
+            "references": {m: _reference_row(rs, steady[m]) for m, rs in references.items()},
             "overhead_vs_torchrun": overhead(steady, BASELINE),
             "scenarios": {name: self._scenario_doc(name, info)
                           for name, info in scenarios.items()},
@@ -157,14 +176,14 @@ class SizeSweep:
         return {"durable": durable if peer.uses_durable else 0, "local": local,
                 "rule": f"Young from measured cost, MTBF = {self.steps}/{faults} steps"}
 
-    def _references(self, base: Workload, names: list[str],
-                    intervals: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def _references(self, base: Workload, names: list[str], intervals: dict[str, Any],
+                    rep: int) -> dict[str, dict[str, Any]]:
         out = {}
-        for name in _rotated(names, 0):
-            wl = self._workload(base, name, "reference",
+        for name in _rotated(names, rep):
+            wl = self._workload(base, name, "reference" if rep == 0 else f"reference-rep{rep}",
                                 checkpoint_interval=intervals[name]["durable"],
                                 local_interval=intervals[name]["local"])
-            record = self._execute(name, wl, "reference", 0)
+            record = self._execute(name, wl, "reference", rep)
             timeline = runs.timeline_of(record)
             record["steady_step_s"] = steady_step_s(timeline) if timeline is not None \
                 and record["status"] == "ok" else None
@@ -172,7 +191,8 @@ class SizeSweep:
         return out
 
     def _scenario(self, base: Workload, scenario: str, names: list[str],
-                  intervals: dict[str, Any]) -> dict[str, Any]:
+                  intervals: dict[str, Any], rep: int) -> dict[str, Any]:
+        """One repetition of `scenario` (the mechanisms' order rotated by `rep`)."""
         plan = plan_for(scenario, self.steps, self.cfg.world_size)
         skipped = {}
         for name in names:
@@ -183,15 +203,13 @@ class SizeSweep:
                 skipped[name] = f"cannot recover from {', '.join(missing)}" \
                     + (f": {why}" if why else "")
         active = [n for n in names if n not in skipped]
-        reps = self.cfg.reps if scenario == "aws" else self.cfg.side_reps
-        for rep in range(reps):
-            for name in _rotated(active, rep + 1):
-                nodes = self.cfg.world_size + self.peers[name].num_spares \
-                    if scenario == "node_loss" else 0
-                wl = self._workload(base, name, f"{scenario}-rep{rep}", fault_plan=plan,
-                                    checkpoint_interval=intervals[name]["durable"],
-                                    local_interval=intervals[name]["local"], nodes=nodes)
-                self._execute(name, wl, scenario, rep)
+        for name in _rotated(active, rep + 1):
+            nodes = self.cfg.world_size + self.peers[name].num_spares \
+                if scenario == "node_loss" else 0
+            wl = self._workload(base, name, f"{scenario}-rep{rep}", fault_plan=plan,
+                                checkpoint_interval=intervals[name]["durable"],
+                                local_interval=intervals[name]["local"], nodes=nodes)
+            self._execute(name, wl, scenario, rep)
         return {"plan": plan, "skipped": skipped}
 
     # --- helpers -----------------------------------------------------------------------------
@@ -237,7 +255,8 @@ class SizeSweep:
             runs.score(record, stick, self.peers[name].num_spares)
             fam = family(name)
             family_ref = ok_ref.get(FAMILY_REFERENCE.get(fam, "")) if fam else None
-            own = ok_ref.get(name) if record["phase"] != "reference" else None
+            first_reference = record["phase"] == "reference" and record["rep"] == 0
+            own = None if first_reference else ok_ref.get(name)
             if record["phase"] != "calibration":
                 runs.compare(record, own=own, family=family_ref)
             key = f"{record['run_dir'].rsplit('/', 1)[-1]}"
@@ -254,6 +273,22 @@ class SizeSweep:
         peer = self.peers[name]
         return {"config": peer.config, "unavailable": unavailable, "num_spares": peer.num_spares,
                 "family": family(name), "bit_comparable": name not in NOT_BIT_COMPARABLE}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = sorted(v for v in values if v is not None)
+    return statistics.median(known) if known else None
+
+
+def _reference_row(records: list[dict[str, Any]], steady: float | None) -> dict[str, Any]:
+    """The first repetition's row (its final parameters are what the faulty runs are compared
+    with), its steady step replaced by the median over the repetitions, which are listed."""
+    row = _row(records[0])
+    row["steady_step_s"] = steady
+    row["repetitions"] = [{"steady_step_s": r["steady_step_s"], "status": r["status"],
+                           "params_equal_own": r.get("params_equal_own"),
+                           "cpu_s": (r.get("usage") or {}).get("cpu_s")} for r in records]
+    return row
 
 
 def _row(record: dict[str, Any]) -> dict[str, Any]:
