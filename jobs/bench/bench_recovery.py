@@ -12,8 +12,8 @@ into --out; `render.py` turns them into docs/benchmarks.md. See sweep/recovery.p
 phases of a sweep.
 
 A sweep that must stop (`--stop-at`, a session's end, a crash) keeps every finished run in
-`recovery-<size>.journal.jsonl` under --out; the same command with `--resume` goes on from
-there (same --out and --work, same settings), so a size that takes hours can run in sittings:
+`<work>/<size>/journal.jsonl` beside its run folders; the same command with `--resume` goes on
+from there (same --work and settings), so a size that takes hours can run in sittings:
 
     python jobs/bench/bench_recovery.py --sizes 1gb --out /tmp/s1 --work /tmp/w1 --stop-at 20:40
     python jobs/bench/bench_recovery.py --sizes 1gb --out /tmp/s1 --work /tmp/w1 --resume
@@ -73,14 +73,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                 "(default /tmp/rrbench-<time>)")
     p.add_argument("--run-timeout-s", type=float, default=1200.0)
     p.add_argument("--resume", action="store_true",
-                   help="go on with the sweep whose journal is in --out (needs --out and --work "
-                        "as given before)")
+                   help="go on with the sweep whose journal is in --work (needs --work as "
+                        "given before)")
     p.add_argument("--stop-at", default=None, metavar="HH:MM",
                    help="UTC time after which no new run starts (the next occurrence); the "
                         "sweep stops after the run in progress and can be resumed")
     args = p.parse_args(argv)
-    if args.resume and not (args.out and args.work):
-        p.error("--resume needs --out and --work, the folders of the sweep it goes on with")
+    if args.resume and not args.work:
+        p.error("--resume needs --work, the scratch folder of the sweep it goes on with")
     args.deadline = _deadline(args.stop_at, p) if args.stop_at else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.sizes = _names(args.sizes or ("tiny" if args.quick else ",".join(SIZES)), SIZES,
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = SweepConfig(mechanisms=args.mechanisms, scenarios=scenarios, reps=args.reps,
                           ref_reps=args.ref_reps, side_reps=args.side_reps, quick=args.quick,
                           work_dir=args.work,
-                          run_timeout_s=args.run_timeout_s, journal_dir=args.out,
+                          run_timeout_s=args.run_timeout_s,
                           resume=args.resume, deadline=args.deadline)
         info = machine.describe(command)
         started = time.time()

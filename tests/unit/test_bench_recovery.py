@@ -197,7 +197,7 @@ def test_cli_defaults_and_validation(tmp_path) -> None:
     later = bench_recovery.parse_args(["--stop-at", "23:59"])
     assert 0 < later.deadline - time.time() <= 24 * 3600
     for bad in (["--mechanisms", "slurm"], ["--sizes", "huge"], ["--reps", "-1"],
-                ["--side-reps", "0"], ["--resume", "--out", str(tmp_path)],
+                ["--side-reps", "0"], ["--resume"],
                 ["--stop-at", "8pm"]):
         with pytest.raises(SystemExit):
             bench_recovery.parse_args(bad)
@@ -244,7 +244,7 @@ def test_a_sweep_stopped_at_its_deadline_resumes_without_running_anything_twice(
         cfg = recovery.SweepConfig(mechanisms=("ours", "torchrun"), scenarios=("aws",),
                                    reps=reps, side_reps=1, quick=True,
                                    work_dir=str(tmp_path / "work" / os.path.basename(out)),
-                                   journal_dir=out, resume=resume, deadline=deadline)
+                                   resume=resume, deadline=deadline)
         return recovery.SizeSweep(cfg, "tiny", log=lambda line: None)
 
     whole = sweep(str(tmp_path / "whole")).run()
@@ -295,12 +295,12 @@ def test_reference_repetitions_interleave_with_the_aws_ones_and_give_the_median(
     monkeypatch.setattr(recovery.runs, "timeline_of", lambda r: r["timeline"])
     monkeypatch.setattr(recovery, "steady_step_s", lambda t: t["steady"])
     monkeypatch.setattr(recovery.runs, "score", lambda record, *a: None)
-    monkeypatch.setattr(recovery.runs, "compare", lambda record, *, own, family: record.update(
-        own=own and os.path.basename(own)))
+    compared: dict[tuple, str | None] = {}
+    monkeypatch.setattr(recovery.runs, "compare", lambda record, *, own, family: compared.update(
+        {(record["phase"], record["rep"], record["mechanism"]): own and os.path.basename(own)}))
     monkeypatch.setattr(recovery, "generate_shards", lambda *a, **k: None)
     cfg = recovery.SweepConfig(mechanisms=("torchft", "torchrun"), scenarios=("aws",), reps=2,
-                               ref_reps=3, side_reps=1, quick=True, work_dir=str(tmp_path / "w"),
-                               journal_dir=str(tmp_path / "out"))
+                               ref_reps=3, side_reps=1, quick=True, work_dir=str(tmp_path / "w"))
     doc = recovery.SizeSweep(cfg, "tiny", log=lambda line: None).run()
     refs = [o for o in order if o.startswith("reference")]
     assert order.index("reference1:torchrun") > order.index("aws0:torchft"), "not interleaved"
@@ -313,6 +313,9 @@ def test_reference_repetitions_interleave_with_the_aws_ones_and_give_the_median(
     assert [r["steady_step_s"] for r in doc["references"]["torchft"]["repetitions"]] == [
         0.30, 0.11, 0.50]
     assert doc["ref_reps"] == 3
+    assert compared[("reference", 0, "torchft")] is None  # the first: nothing to compare with
+    assert compared[("reference", 2, "torchft")] == compared[("aws", 1, "torchft")] \
+        == "002-torchft-reference"  # after torchrun's calibration run (torchft has none)
     # a journal from before reference repetitions existed resumes as one repetition
     old = tmp_path / "old.journal.jsonl"
     settings = cfg.settings(10)

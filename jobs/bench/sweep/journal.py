@@ -45,8 +45,8 @@ class Journal:
         exists = os.path.exists(path)
         if exists and not resume:
             raise JournalMismatch(
-                f"{path} exists: a sweep with this --out already ran (part of) this size; pass "
-                "--resume to go on with it, or choose another --out")
+                f"{path} exists: a sweep with this --work already ran (part of) this size; pass "
+                "--resume to go on with it, or choose another --work")
         if resume and not exists:
             raise JournalMismatch(f"--resume: {path} does not exist; nothing to resume (run "
                                   "without --resume to start this size)")

@@ -58,8 +58,8 @@ class SweepConfig:
     run_timeout_s: float = 1200.0
     world_size: int = 2
     seed: int = 0
-    journal_dir: str | None = None
-    """Where `<size>.journal.jsonl` goes (None: no journal, nothing to resume)."""
+    journal: bool = True
+    """Keep `<work_dir>/<size>/journal.jsonl` (beside the run folders it refers to)."""
     resume: bool = False
     """Go on with the journal's sweep (same settings) instead of starting one."""
     deadline: float | None = None
@@ -90,8 +90,8 @@ class SizeSweep:
         self.records: list[dict[str, Any]] = []
         self.timelines: dict[str, Any] = {}
         self._count = 0
-        self.journal = None if cfg.journal_dir is None else Journal(
-            os.path.join(cfg.journal_dir, f"recovery-{self.size.name}.journal.jsonl"),
+        self.journal = None if not cfg.journal else Journal(
+            os.path.join(self.root, "journal.jsonl"),
             cfg.settings(self.steps), resume=cfg.resume)
 
     def run(self) -> dict[str, Any]:
