@@ -7,10 +7,14 @@
 Writes the result files into docs/benchmarks/ (or --out) and re-renders docs/benchmarks.md and
 the README's summary block from them. Run it on a quiet machine: every number is wall time.
 On the 2-core development machine the recovery sweep took 57 min at tiny (200 steps, 54 runs)
-and 62 min at 200mb (30 steps, 43 runs); 1gb is estimated at 2.5-3 h (43 runs of 3-4 min: 12
-steps of ~8 s, five recoveries of ~20 s, ~30 s start-up) and the checkpoint benchmark at ~1.5 h,
-so the whole run takes 6-7 hours; --quick about 30 minutes. Nine mechanisms, three repetitions
-and a start-up of 7-30 s per run put a floor of ~40 min under each size here.
+and 62 min at 200mb (30 steps, 43 runs) with one fault-free reference per mechanism; the
+default of three reference repetitions adds 18 runs per size (~12 min at tiny, ~18 min at
+200mb, ~50 min at 1gb). 1gb is estimated at 2.5-3 h with one reference (43 runs of 3-4 min:
+12 steps of ~8 s, five recoveries of ~20 s, ~30 s start-up) and the checkpoint benchmark at
+~1.5 h, so the whole run takes 7-8 hours; --quick about 30 minutes. Nine mechanisms, three
+repetitions and a start-up of 7-30 s per run put a floor of ~40 min under each size here. A
+size's sweep that must stop goes on later from its journal: `bench_recovery.py --stop-at HH:MM`
+and `--resume` (see its docstring).
 """
 
 from __future__ import annotations
