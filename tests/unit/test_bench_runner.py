@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 
 import pytest
@@ -39,11 +40,14 @@ class _NoMeter:
 
     processes: dict = {}
 
+    def __init__(self, tmpfs: tuple[str, ...] = ()) -> None:
+        self.tmpfs = tmpfs
+
     def start(self) -> None:
         pass
 
     def stop(self) -> Usage:
-        return Usage(peak_rss_bytes=0, cpu_s=0.0, num_processes=0)
+        return Usage(peak_rss_bytes=0, peak_memory_bytes=0, cpu_s=0.0, num_processes=0)
 
 
 def test_each_run_gets_a_private_local_folder_removed_after_it(tmp_path, monkeypatch) -> None:
@@ -60,3 +64,22 @@ def test_each_run_gets_a_private_local_folder_removed_after_it(tmp_path, monkeyp
     assert result["status"] == "ok", result
     assert peer.seen == (True, 0o700)
     assert not local_root.exists()
+
+
+def test_peak_memory_counts_pss_once_and_the_runs_tmpfs_files(tmp_path) -> None:
+    from harness.resources import Meter, tree_bytes  # noqa: PLC0415
+
+    shm = tmp_path / "shm"
+    (shm / "step_4").mkdir(parents=True)
+    (shm / "step_4" / "shard.bin").write_bytes(b"\1" * (1 << 20))
+    assert tree_bytes(str(shm)) >= 1 << 20 and tree_bytes(str(tmp_path / "missing")) == 0
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        meter = Meter(tmpfs=(str(shm),))
+        for _ in range(3):  # never stop(): it would kill every descendant of the test process
+            meter.sample(memory=True)
+        assert child.pid in meter.processes
+        assert 1 << 20 < meter._peak_memory < meter._peak + (2 << 20)  # PSS <= RSS
+    finally:
+        child.kill()
+        child.wait(10)

@@ -17,10 +17,27 @@ METRICS = (
     ("start-up", "startup_s", sec, False),
     ("infra goodput per slot", "infra_goodput_per_slot", pct, True),
     ("steps redone", "steps_redone", num, False),
-    ("peak RSS", "peak_rss_bytes", gib, False),
+    ("peak memory", "peak_memory_bytes", gib, False),
     ("CPU time", "cpu_s", sec, False),
 )
 PARTS = ("start-up", "steady steps", "recoveries", "redone steps", "other")
+
+
+MEMORY = {"peak_memory_bytes": "peak memory (PSS + tmpfs)",
+          "peak_rss_bytes": "peak RSS (sum over processes)"}
+"""Memory columns, newest measure first. Results from before PSS was measured have only the
+RSS sum, which counts a shared page once per process (Ray's object store many times over)."""
+
+
+def memory_key(doc: dict[str, Any]) -> str:
+    """The memory measure every finished run of `doc` has: PSS + tmpfs, else the RSS sum."""
+    usages = [r.get("usage") or {} for s in doc["scenarios"].values() for r in s["runs"]
+              if r.get("status") == "ok"]
+    usages += [r.get("usage") or {} for r in doc["references"].values()
+               if r.get("status") == "ok"]
+    if usages and all(u.get("peak_memory_bytes") for u in usages):
+        return "peak_memory_bytes"
+    return "peak_rss_bytes"
 
 
 def ordered(names: Iterable[str]) -> list[str]:
@@ -76,8 +93,10 @@ def where_ours_loses(doc: dict[str, Any], scenario: str) -> list[str]:
     peers = _peers(doc, scenario)
     if not ours or not ours["ok"] or not peers:
         return []
-    lines = []
+    lines, memory = [], memory_key(doc)
     for label, key, fmt, higher in METRICS:
+        if key == "peak_memory_bytes":
+            label, key = MEMORY[memory], memory
         mine = _median(ours, key)
         known = {m: _median(s, key) for m, s in peers.items() if _median(s, key) is not None}
         if mine is None or not known:

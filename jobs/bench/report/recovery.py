@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .fmt import NONE, gib, mb, ms, num, pct, sec, spread, table
-from .prose import ordered, time_breakdown, where_ours_loses
+from .prose import MEMORY, memory_key, ordered, time_breakdown, where_ours_loses
 
 SCENARIO_TITLES = {
     "aws": "AWS/NVRx schedule (exception and SIGKILL)",
@@ -37,7 +37,7 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
     headers = ["mechanism", "training goodput", f"time to {doc['max_steps']} steps", "start-up",
                "goodput after start-up", "infra goodput / slot",
                *[f"{k} recovery p50" for k in kinds], "steps redone", "= own fault-free",
-               "= FSDP/replica reference", "peak RSS", "CPU", "faults fired"]
+               "= FSDP/replica reference", MEMORY[memory_key(doc)], "CPU", "faults fired"]
     rows = []
     for mech in ordered(doc["mechanisms"]):
         info, s = doc["mechanisms"][mech], scenario["summary"].get(mech)
@@ -60,7 +60,7 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
             spread(s["infra_goodput_per_slot"]),
             *[_recovery(s, k) for k in kinds], spread(s["steps_redone"], num),
             _bit(s, "own", comparable), _bit(s, "family", comparable),
-            spread(s["peak_rss_bytes"], gib), spread(s["cpu_s"], sec),
+            spread(s.get(memory_key(doc)), gib), spread(s["cpu_s"], sec),
             f"{spread(s['faults_fired'], num)}/{s['faults_planned']}"])
     return table(headers, rows)
 
@@ -68,7 +68,8 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
 def reference_table(doc: dict[str, Any]) -> str:
     headers = ["mechanism", "steady step", "vs torchrun", "fault-free training goodput",
                "fault-free time", "durable every", "local every", "durable save cost",
-               "local save cost", "= FSDP/replica reference", "peak RSS", "CPU", "configuration"]
+               "local save cost", "= FSDP/replica reference", MEMORY[memory_key(doc)], "CPU",
+               "configuration"]
     rows = []
     for mech in ordered(doc["references"]):
         ref = doc["references"][mech]
@@ -81,7 +82,7 @@ def reference_table(doc: dict[str, Any]) -> str:
             pct(score.get("training_goodput")), sec(score.get("wall_s")),
             str(iv["durable"] or NONE), str(iv["local"] or NONE), ms(cal.get("durable_cost_s")),
             ms(cal.get("local_cost_s")), NONE if equal is None else ("yes" if equal else "NO"),
-            gib((ref.get("usage") or {}).get("peak_rss_bytes")),
+            gib((ref.get("usage") or {}).get(memory_key(doc))),
             sec((ref.get("usage") or {}).get("cpu_s")), _config(doc["mechanisms"][mech])])
     return table(headers, rows)
 

@@ -31,7 +31,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     become_subreaper()
     if workload.local_root:  # a tmpfs folder of this run's own: ours checks it exists
         os.makedirs(workload.local_root, mode=0o700, exist_ok=True)
-    meter = Meter()
+    meter = Meter(tmpfs=(workload.local_root,) if workload.local_root else ())
     meter.start()
     try:
         run = peer.run(workload)
@@ -47,7 +47,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(workload.local_root, ignore_errors=True)
     return {"mechanism": run.mechanism, "status": run.status, "error": run.error,
             "notes": run.notes, "timeline": run.timeline.to_dict() if run.timeline else None,
-            "usage": {"peak_rss_bytes": usage.peak_rss_bytes, "cpu_s": usage.cpu_s,
+            "usage": {"peak_rss_bytes": usage.peak_rss_bytes,
+                      "peak_memory_bytes": usage.peak_memory_bytes, "cpu_s": usage.cpu_s,
                       "num_processes": usage.num_processes}, "finished_at": time.time()}
 
 

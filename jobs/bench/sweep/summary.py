@@ -27,7 +27,7 @@ def summarize_faulty(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                        for k, v in sorted(kinds.items())}
     out["faults_fired"] = summary([r.get("faults_fired") for r in ok])
     out["faults_planned"] = records[0]["faults_planned"] if records else 0
-    for name in ("peak_rss_bytes", "cpu_s"):
+    for name in ("peak_rss_bytes", "peak_memory_bytes", "cpu_s"):
         out[name] = summary([(r.get("usage") or {}).get(name) for r in ok])
     for key in ("own", "family"):
         compared = [r[f"params_equal_{key}"] for r in ok
