@@ -40,9 +40,6 @@ class _NoMeter:
 
     processes: dict = {}
 
-    def __init__(self, tmpfs: tuple[str, ...] = ()) -> None:
-        self.tmpfs = tmpfs
-
     def start(self) -> None:
         pass
 
@@ -66,20 +63,22 @@ def test_each_run_gets_a_private_local_folder_removed_after_it(tmp_path, monkeyp
     assert not local_root.exists()
 
 
-def test_peak_memory_counts_pss_once_and_the_runs_tmpfs_files(tmp_path) -> None:
-    from harness.resources import Meter, tree_bytes  # noqa: PLC0415
+def test_peak_memory_counts_private_memory_and_new_shared_memory_once(tmp_path) -> None:
+    from harness.resources import Meter  # noqa: PLC0415
 
-    shm = tmp_path / "shm"
-    (shm / "step_4").mkdir(parents=True)
-    (shm / "step_4" / "shard.bin").write_bytes(b"\1" * (1 << 20))
-    assert tree_bytes(str(shm)) >= 1 << 20 and tree_bytes(str(tmp_path / "missing")) == 0
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    shm = f"/dev/shm/rr-meter-test-{os.getpid()}"
     try:
-        meter = Meter(tmpfs=(str(shm),))
-        for _ in range(3):  # never stop(): it would kill every descendant of the test process
-            meter.sample(memory=True)
-        assert child.pid in meter.processes
-        assert 1 << 20 < meter._peak_memory < meter._peak + (2 << 20)  # PSS <= RSS
+        meter = Meter()
+        meter.sample()  # never stop(): it would kill every descendant of the test process
+        before = meter._peak_memory
+        assert child.pid in meter.processes and 0 < before <= meter._peak
+        with open(shm, "wb") as f:  # 64 MiB in tmpfs, mapped by no process
+            f.write(b"\1" * (64 << 20))
+        meter.sample()
+        assert meter._peak_memory >= before + (60 << 20)
     finally:
         child.kill()
         child.wait(10)
+        if os.path.exists(shm):
+            os.unlink(shm)

@@ -3,12 +3,16 @@
 The runner process makes itself a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`), so every
 process the run starts, however deep and even after its parent exits, stays its descendant. A
 sampler reads every descendant every SAMPLE_S: the sum of their resident memory and each one's
-CPU time; every PSS_EVERY samples also their proportional set size (PSS) plus the bytes of the
-run's own tmpfs files. Peak memory is the largest PSS + tmpfs total: a page that processes share
-(Ray's object store, shared libraries, a tensor in shared memory) counts once, split over them,
-and a checkpoint kept in /dev/shm counts though no process maps it. The RSS sum is kept for
-comparison with older results; it counts a shared page once per process that touched it, so
-for Ray-hosted runs it can exceed the machine's memory. After the run
+CPU time, and the memory they hold: each process's private resident memory (RSS less its shared
+pages) plus the machine's shared memory above what it held when the run started (`Shmem` in
+/proc/meminfo: Ray's object store, tensors in shared memory, checkpoints in /dev/shm, counted
+once however many processes map them). Its peak is the run's peak memory. Shared library pages
+are left out (they sit in the page cache once for every process of every mechanism), and the
+machine must run nothing else that grows shared memory meanwhile (the benchmark runs alone).
+The plain RSS sum is kept for comparison with older results; it counts a shared page once per
+process that touched it, so for Ray-hosted runs it can exceed the machine's memory. (PSS would
+split shared pages exactly, but the kernel walks every page table to report it: ~60 ms of CPU
+for a 3 GB rank, too much to read every second from the runs being measured.) After the run
 the runner kills what is left and reaps it; a process it reaps itself gets its exact CPU time
 from `wait4`. Ray's raylet reaps its workers itself without keeping their usage, so for those
 the last sample stands: a process loses at most one sampling period of CPU time.
@@ -27,9 +31,6 @@ import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
 SAMPLE_S = 0.2
-PSS_EVERY = 5
-"""Samples between two PSS readings (1 s): the kernel walks a process's page tables for it, so
-reading a multi-GB process five times a second would take CPU from the run it measures."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Usage:
     peak_rss_bytes: int
     """Largest sum of the processes' RSS (shared pages counted once per process)."""
     peak_memory_bytes: int
-    """Largest sum of the processes' PSS plus the run's tmpfs files (each page counted once)."""
+    """Largest private memory of the processes plus shared memory grown since the start."""
     cpu_s: float
     """User + system CPU of every process the run started."""
     num_processes: int
@@ -52,11 +53,9 @@ def become_subreaper() -> None:
 class Meter:
     """Samples the calling process's descendants from `start()` until `stop()`."""
 
-    def __init__(self, tmpfs: tuple[str, ...] = ()) -> None:
+    def __init__(self) -> None:
         self._me = psutil.Process()
-        self._tmpfs = tmpfs
-        """Folders of this run in memory-backed file systems (its local checkpoints)."""
-        self._samples = 0
+        self._shmem_at_start = shmem_bytes()
         self._peak_memory = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-meter", daemon=True)
@@ -73,21 +72,18 @@ class Meter:
         while not self._stop.wait(SAMPLE_S):
             self.sample()
 
-    def sample(self, *, memory: bool = False) -> None:
-        """One reading; with `memory` (and every PSS_EVERY calls) PSS and tmpfs too."""
-        self._samples += 1
-        memory = memory or self._samples % PSS_EVERY == 1
-        total, pss = 0, 0
+    def sample(self) -> None:
+        total, private = 0, 0
         for proc in self._me.children(recursive=True):
             try:
                 with proc.oneshot():
-                    rss, times = proc.memory_info().rss, proc.cpu_times()
+                    memory, times = proc.memory_info(), proc.cpu_times()
                     name = role(proc)
-                if memory:
-                    pss += proc.memory_full_info().pss
             except psutil.Error:
                 continue  # exited meanwhile
+            rss = memory.rss
             total += rss
+            private += max(0, rss - memory.shared)
             cpu_s = times.user + times.system
             with self._lock:
                 self._cpu[proc.pid] = max(self._cpu.get(proc.pid, 0.0), cpu_s)
@@ -95,31 +91,27 @@ class Meter:
                 entry["role"] = name if name != "ray::IDLE" else entry["role"]
                 entry["samples"].append([round(time.time(), 3), cpu_s, rss])
         self._peak = max(self._peak, total)
-        if memory:
-            self._peak_memory = max(self._peak_memory,
-                                    pss + sum(tree_bytes(path) for path in self._tmpfs))
+        shared = max(0, shmem_bytes() - self._shmem_at_start)
+        self._peak_memory = max(self._peak_memory, private + shared)
 
     def stop(self) -> Usage:
         """Stops sampling, kills what the run left behind (ours, by pid), reaps everything."""
         self._stop.set()
         self._thread.join()
-        self.sample(memory=True)
+        self.sample()
         for pid, cpu_s in _kill_and_reap(self._me).items():
             self._cpu[pid] = max(self._cpu.get(pid, 0.0), cpu_s)
         return Usage(peak_rss_bytes=self._peak, peak_memory_bytes=self._peak_memory,
                      cpu_s=sum(self._cpu.values()), num_processes=len(self._cpu))
 
 
-def tree_bytes(path: str) -> int:
-    """Bytes the files under `path` occupy (allocated blocks; 0 if it does not exist)."""
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
-            except OSError:
-                continue  # removed meanwhile
-    return total
+def shmem_bytes() -> int:
+    """The machine's shared memory now (tmpfs files and shared mappings): /proc/meminfo Shmem."""
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def role(proc: psutil.Process) -> str:

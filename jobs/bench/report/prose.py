@@ -23,14 +23,15 @@ METRICS = (
 PARTS = ("start-up", "steady steps", "recoveries", "redone steps", "other")
 
 
-MEMORY = {"peak_memory_bytes": "peak memory (PSS + tmpfs)",
+MEMORY = {"peak_memory_bytes": "peak memory (private + shared)",
           "peak_rss_bytes": "peak RSS (sum over processes)"}
-"""Memory columns, newest measure first. Results from before PSS was measured have only the
-RSS sum, which counts a shared page once per process (Ray's object store many times over)."""
+"""Memory columns, newest measure first (`harness/resources.py`). Results from before the
+private + shared measure have only the RSS sum, which counts a shared page once per process
+that touched it (Ray's object store many times over)."""
 
 
 def memory_key(doc: dict[str, Any]) -> str:
-    """The memory measure every finished run of `doc` has: PSS + tmpfs, else the RSS sum."""
+    """The memory measure every finished run of `doc` has: private + shared, else the RSS sum."""
     usages = [r.get("usage") or {} for s in doc["scenarios"].values() for r in s["runs"]
               if r.get("status") == "ok"]
     usages += [r.get("usage") or {} for r in doc["references"].values()

@@ -31,7 +31,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     become_subreaper()
     if workload.local_root:  # a tmpfs folder of this run's own: ours checks it exists
         os.makedirs(workload.local_root, mode=0o700, exist_ok=True)
-    meter = Meter(tmpfs=(workload.local_root,) if workload.local_root else ())
+    meter = Meter()
     meter.start()
     try:
         run = peer.run(workload)
