@@ -264,6 +264,9 @@ def test_a_sweep_stopped_at_its_deadline_resumes_without_running_anything_twice(
         sweep(out)  # a journal is there: starting over needs another --out
     with pytest.raises(JournalMismatch, match="reps is 3 but the journal"):
         sweep(out, resume=True, reps=3)
+    journal = tmp_path / "work" / "split" / "tiny" / "journal.jsonl"
+    with open(journal, "a", encoding="utf-8") as f:
+        f.write('{"key": "004-torchrun-ref')  # killed while appending a run: it runs again
     resumed = sweep(out, resume=True)
     split = resumed.run()
     assert ran == everything, "a run was repeated, skipped or reordered"

@@ -62,8 +62,18 @@ class Journal:
                       "commit": self.sittings[-1]["commit"]})
 
     def _load(self, settings: dict[str, Any]) -> None:
+        lines = []
         with open(self.path, encoding="utf-8") as f:
-            lines = [json.loads(line) for line in f if line.strip()]
+            text = f.read()
+        for n, line in enumerate(text.splitlines()):
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                if n < len(text.splitlines()) - 1 or text.endswith("\n"):
+                    raise JournalMismatch(f"{self.path}: line {n + 1} is not JSON") from None
+                # the sweep was killed while appending its last run: that run runs again
+                with open(self.path, "w", encoding="utf-8") as f:
+                    f.write(text[:len(text) - len(line)])
         saved = lines[0].get("settings") if lines else None
         if saved is None:
             raise JournalMismatch(f"{self.path} has no settings line; it is not a sweep journal")
