@@ -30,9 +30,24 @@ from peers.torchft_peer import QuorumChange  # noqa: E402
 from sweep.plans import plan_for  # noqa: E402
 
 from ray_resilience.goodput import RunTimeline, compute_goodput  # noqa: E402
-from ray_resilience.testing import Fault, FaultPlan, InjectedFault  # noqa: E402
+from ray_resilience.testing import Fault, FaultKind, FaultPlan, InjectedFault  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
+
+
+class _StubPeer:
+    """A mechanism as the sweep sees it (checkpoint tiers, spares, kinds), installed or not:
+    the sweep's order, journal and scoring do not depend on the peers' software being here."""
+
+    def __init__(self, name: str, **_options) -> None:
+        self.name = name
+        self.uses_durable = name != "torchft"
+        self.local_tier = name in ("ours", "torchrun")
+        self.num_spares, self.config = 0, f"{name} (stub)"
+        self.supported_kinds = frozenset(FaultKind)
+
+    def available(self) -> None:
+        return None
 
 
 def _rank_events(t0: float) -> list[dict]:
@@ -238,6 +253,7 @@ def test_a_sweep_stopped_at_its_deadline_resumes_without_running_anything_twice(
 
     monkeypatch.setattr(recovery.runs, "execute", execute)
     monkeypatch.setattr(recovery, "generate_shards", lambda *a, **k: None)
+    monkeypatch.setattr(recovery, "make_peer", _StubPeer)
 
     def sweep(out: str, *, resume: bool = False, deadline: float | None = None,
               reps: int = 2) -> recovery.SizeSweep:
@@ -302,6 +318,7 @@ def test_reference_repetitions_interleave_with_the_aws_ones_and_give_the_median(
     monkeypatch.setattr(recovery.runs, "compare", lambda record, *, own, family: compared.update(
         {(record["phase"], record["rep"], record["mechanism"]): own and os.path.basename(own)}))
     monkeypatch.setattr(recovery, "generate_shards", lambda *a, **k: None)
+    monkeypatch.setattr(recovery, "make_peer", _StubPeer)
     cfg = recovery.SweepConfig(mechanisms=("torchft", "torchrun"), scenarios=("aws",), reps=2,
                                ref_reps=3, side_reps=1, quick=True, work_dir=str(tmp_path / "w"))
     doc = recovery.SizeSweep(cfg, "tiny", log=lambda line: None).run()
