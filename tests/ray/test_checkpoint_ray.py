@@ -102,6 +102,9 @@ def test_local_tier_restores_the_newest_step_across_a_respawn_and_falls_back(ray
         assert stats[0]["local_snapshots"] == 6 and stats[0]["local_bytes"] > 0
         assert stats[0]["local_disabled"] is None
 
+        # The writer took every snapshot from its rank (objects it owns), copying none.
+        writers = service.stats()["writers"]
+        assert sum(w["received"] for w in writers) >= 2 and not any(w["copied"] for w in writers)
         # SIGKILL both processes: the files outlive them, new processes on the node read them.
         stop_ranks(ranks, kill=True)
         fresh = start_ranks(service.ensure_writers([node] * 2))
@@ -293,6 +296,7 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
             outcome = ray.get(writer.wait.remote((session, step, 0), 60.0), timeout=90)
             assert outcome is not None and outcome.ok, outcome
         assert ray.get(writer.stats.remote())["received"] == 2
+        assert ray.get(writer.stats.remote())["copied"] == 2  # the driver's objects: copied
         # The lean ticket's shard holds every item, as the full one's does.
         sizes = [os.path.getsize(os.path.join(step_folder(str(tmp_path), "run", step),
                                               "__0_0.distcp")) for step in (1, 2)]

@@ -66,7 +66,15 @@ class RankActor:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size)
         self._build(preset)
-        self.ckpt = RankCheckpointer(spec, rank=rank, world_size=world_size) if spec else None
+        self.ckpt = self._checkpointer(spec) if spec else None
+
+    def _checkpointer(self, spec: Any) -> RankCheckpointer:
+        """As the product's rank builds it: its writer takes snapshots from this actor."""
+        return RankCheckpointer(spec, rank=self.rank, world_size=self.world_size,
+                                exporter=ray.get_runtime_context().current_actor)
+
+    def export_snapshot(self, export_id: str) -> Any:
+        return None if self.ckpt is None else self.ckpt.export_snapshot(export_id)
 
     def _build(self, preset: str) -> None:
         self.model = build_model(preset, seed=0)
@@ -80,7 +88,7 @@ class RankActor:
         """Starts checkpointing with `spec` (for ranks started before their service)."""
         if copy_delay_s is not None:
             os.environ[COPY_DELAY_ENV_VAR] = str(copy_delay_s)
-        self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size)
+        self.ckpt = self._checkpointer(spec)
 
     def detach(self) -> None:
         """Closes the checkpointer and drops the model: the rank is parked for reuse."""
@@ -215,7 +223,8 @@ def start_ranks(specs: list[Any], *, preset: str = "tiny", world_size: int | Non
     specs = specs or [None] * world_size
     port = free_port()
     # No CPU reserved: parked ranks must not keep a later test's actors from being scheduled.
-    actor = ray.remote(RankActor).options(num_cpus=0, max_concurrency=2)
+    # Threads: a test's call, and the writer taking a snapshot while that call waits on a save.
+    actor = ray.remote(RankActor).options(num_cpus=0, max_concurrency=4)
     return [actor.remote(rank, world_size, port, specs[rank], preset, copy_delay_s)
             for rank in range(world_size)]
 

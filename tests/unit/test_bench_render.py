@@ -90,6 +90,22 @@ def test_the_prose_says_where_ours_loses_and_splits_the_time_gap() -> None:
         "Ours is ahead of every peer on every column of this table."]
 
 
+def test_the_prose_names_runs_of_ours_that_did_not_finish() -> None:
+    doc = copy.deepcopy(_doc())
+    doc["scenarios"]["aws"]["summary"]["ours"] |= {
+        "runs": 2, "ok": 1, "errors": ["OutOfMemoryError: node at 95%"]}
+    lines = prose.where_ours_loses(doc, "aws")
+    assert lines[2] == ("- ours finished 1 of 2 runs (OutOfMemoryError: node at 95%); every run "
+                        "of torchrun finished.")
+    assert "- training goodput: ours 80.0%, torchrun 85.0%." in lines
+    doc["scenarios"]["aws"]["summary"]["ours"] |= {"runs": 1, "ok": 0}
+    assert prose.where_ours_loses(doc, "aws") == [
+        "Where ours loses:", "", "- ours finished 0 of 1 runs (OutOfMemoryError: node at 95%); "
+        "every run of torchrun finished."]
+    assert targets.rows_for(doc) == [["tiny", "every target", "no run of ours finished (of 1)",
+                                      "–", "missed"]]
+
+
 def test_targets_compare_ours_with_the_best_peer_of_each_column() -> None:
     rows = {r[1]: r for r in targets.rows_for(_doc())}
     assert rows["training goodput above every peer"][-1] == "missed"

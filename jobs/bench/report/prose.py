@@ -89,12 +89,24 @@ def _better(a: float, b: float, higher: bool) -> bool:
     return a > b if higher else a < b
 
 
+def _failures(doc: dict[str, Any], scenario: str) -> list[str]:
+    """Runs of ours that did not finish, with their errors, and the peers that finished all."""
+    ours = doc["scenarios"][scenario]["summary"].get(OURS)
+    if not ours or ours["ok"] == ours["runs"]:
+        return []
+    whole = [m for m, s in _peers(doc, scenario).items() if s["ok"] == s["runs"]]
+    return [f"- ours finished {ours['ok']} of {ours['runs']} runs"
+            + (f" ({'; '.join(ours['errors'])})" if ours.get("errors") else "")
+            + (f"; every run of {', '.join(ordered(whole))} finished." if whole else ".")]
+
+
 def where_ours_loses(doc: dict[str, Any], scenario: str) -> list[str]:
     ours = doc["scenarios"][scenario]["summary"].get(OURS)
     peers = _peers(doc, scenario)
+    failed = _failures(doc, scenario)
     if not ours or not ours["ok"] or not peers:
-        return []
-    lines, memory = [], memory_key(doc)
+        return ["Where ours loses:", "", *failed] if failed else []
+    lines, memory = list(failed), memory_key(doc)
     for label, key, fmt, higher in METRICS:
         if key == "peak_memory_bytes":
             label, key = MEMORY[memory], memory

@@ -82,6 +82,10 @@ class WorkerActor:
     def free_port(self) -> int:
         return self._worker.free_port()
 
+    def export_snapshot(self, export_id: str) -> Any:
+        """The checkpoint writer takes a snapshot: returned to it, the object is the writer's."""
+        return None if self._worker is None else self._worker.export_snapshot(export_id)
+
     def interrupt(self, attempt: int) -> bool:
         return self._worker is not None and self._worker.interrupt(attempt)
 

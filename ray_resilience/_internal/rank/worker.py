@@ -159,6 +159,12 @@ class Worker:
             return cuda_health(0)
         return None
 
+    def export_snapshot(self, export_id: str) -> Any:
+        """A snapshot offered to this rank's checkpoint writer, for the writer to take (None:
+        given up, or no checkpointer any more)."""
+        checkpointer = self._checkpointer
+        return None if checkpointer is None else checkpointer.export_snapshot(export_id)
+
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
@@ -379,9 +385,11 @@ class Worker:
         if current is not None:
             current.close()
 
+        # The writer takes each snapshot from this actor (`export_snapshot`): it owns them then.
         self._checkpointer = RankCheckpointer(spec.checkpoint_spec, rank=spec.rank,
                                               world_size=spec.world_size,
-                                              ranks_on_node=spec.local_world_size)
+                                              ranks_on_node=spec.local_world_size,
+                                              exporter=ray.get_runtime_context().current_actor)
 
     def shutdown(self) -> None:
         """Releases what the rank holds; the actor is killed right after."""

@@ -69,7 +69,7 @@ class HandoffPipeline:
 
     def __init__(self, *, rank: int, world_size: int, config: CheckpointConfig, link: WriterLink,
                  stats: RankSaveStats, copy_delay_s: float = 0.0, local: Any = None,
-                 schedule: Any = None) -> None:
+                 schedule: Any = None, exporter: Any = None) -> None:
         self.rank, self.world_size, self.config = rank, world_size, config
         self.link, self.stats = link, stats
         self.drops = DropReporter(rank, link.coordinator)
@@ -91,6 +91,12 @@ class HandoffPipeline:
         self._writer_plans: set[tuple[str, str]] = set()
         """(writer id, plan id) of the plans a writer was sent (rounds thread only)."""
         self._handed: collections.deque[SaveTicket] = collections.deque()
+        self._exports: dict[str, Any] = {}
+        """Snapshots offered to the writer until it takes them (`export`), by export id."""
+        self._export_seq = 0
+        self._exporter = exporter
+        """The actor whose `export_snapshot(export_id)` returns `export(export_id)`: this rank's
+        (None: the rank puts snapshots in the object store itself and the writer copies them)."""
         self._closed = False
         self._threads = [
             threading.Thread(target=target, name=f"rr-ckpt-{name}-r{rank}", daemon=True)
@@ -380,22 +386,44 @@ class HandoffPipeline:
             return RoundResult(False, f"coordinator unreachable: {type(exc).__name__}")
 
     def _hand_off(self, slot: Slot, owned: tuple[bool, ...]) -> None:
+        """Gives the writer the snapshot in `slot`. The writer asks this rank's actor for it
+        (`export`), so the object is the writer's from the start: it outlives this rank and
+        the writer keeps it as it is, with no second copy of the state in the object store.
+        Without an exporter the rank puts it and the writer copies it."""
         ticket = dataclasses.replace(slot.ticket, owned=list(owned))
+        me = self._exporter
         try:
             slot.wait_copied()  # on GPU the guard may have let the slot go before its copy ended
-            ref = ray.put(slot.buffers.payload(slot.blobs, slot.extra.encode()))
+            payload = slot.buffers.payload(slot.blobs, slot.extra.encode())
+            if me is None:
+                ref = ray.put(payload)
         except Exception as exc:  # noqa: BLE001 - a failed hand-off loses this save only
             with self.cond:
                 slot.release()
                 self.cond.notify_all()
             self._record(ticket, ShardOutcome(ticket.session, ticket.step, False,
-                                              f"ray.put failed: {exc}"))
+                                              f"snapshot hand-off failed: {exc}"))
             return
-        with self.cond:
-            slot.release()
-            self.writing = ticket
-            self.cond.notify_all()
-        outcome = self._receive(ticket, [ref])
+        if me is None:
+            with self.cond:
+                slot.release()
+                self.writing = ticket
+                self.cond.notify_all()
+            outcome = self._receive(ticket, [ref])
+        else:
+            with self.cond:
+                self._export_seq += 1
+                export_id = f"{ticket.session}/{ticket.step}/{self._export_seq}"
+                self._exports[export_id] = payload
+                self.writing = ticket
+            del payload
+            try:
+                outcome = self._receive(ticket, [], source=(me, export_id))
+            finally:
+                with self.cond:  # taken (the object is the writer's) or given up: free the slot
+                    self._exports.pop(export_id, None)
+                    slot.release()
+                    self.cond.notify_all()
         if outcome is not None:
             self._finish_write(ticket, outcome)
             return
@@ -403,21 +431,33 @@ class HandoffPipeline:
             self._handed.append(ticket)
             self._handed_cond.notify()
 
-    def _receive(self, ticket: SaveTicket, boxed: list) -> ShardOutcome | None:
-        """Gives the writer the object; None when it took it, else the failed outcome. The plan
-        goes to a writer once; later tickets name it by id."""
+    def export(self, export_id: str) -> Any:
+        """The snapshot offered under `export_id` (the writer's call, through the rank actor;
+        what this returns becomes an object the writer owns); None when it was given up."""
+        with self.cond:
+            return self._exports.pop(export_id, None)
+
+    def _receive(self, ticket: SaveTicket, boxed: list,
+                 source: tuple[Any, str] | None = None) -> ShardOutcome | None:
+        """Gives the writer the snapshot (the object in `boxed`, or `source`: this rank's actor
+        and the export id to ask it for); None when it took it, else the failed outcome. The
+        plan goes to a writer once; later tickets name it by id."""
         writer_id = self.link.writer_id
         plan = (writer_id, ticket.plan_id)
         try:
             answer = NEED_PLAN
             if plan in self._writer_plans:
                 lean = dataclasses.replace(ticket, items=None, planner_data=None)
-                answer = ray.get(self.link.handle.receive.remote(dumps(lean), boxed),
+                answer = ray.get(self.link.handle.receive.remote(dumps(lean), boxed,
+                                                                 source=source),
                                  timeout=self.config.write_timeout_s)
             if answer == NEED_PLAN:
-                ray.get(self.link.handle.receive.remote(dumps(ticket), boxed),
-                        timeout=self.config.write_timeout_s)
+                answer = ray.get(self.link.handle.receive.remote(dumps(ticket), boxed,
+                                                                 source=source),
+                                 timeout=self.config.write_timeout_s)
                 self._writer_plans.add(plan)
+            if answer is not None and answer != NEED_PLAN:
+                return ShardOutcome(ticket.session, ticket.step, False, str(answer))
             return None
         except RayActorError as exc:
             self._replace_writer()
@@ -427,7 +467,7 @@ class HandoffPipeline:
             return ShardOutcome(ticket.session, ticket.step, False,
                                 f"writer {writer_id} did not answer")
         finally:
-            boxed.clear()  # the writer holds its own copy now (or the save is lost); free ours
+            boxed.clear()  # the writer holds its own object now (or the save is lost): free ours
 
 
     def _run_waiter(self) -> None:

@@ -41,7 +41,7 @@ class RankCheckpointer:
     which `ranks_on_node` share this node's local-tier folder."""
 
     def __init__(self, spec: RankCheckpointSpec, *, rank: int, world_size: int,
-                 ranks_on_node: int = 1) -> None:
+                 ranks_on_node: int = 1, exporter: Any = None) -> None:
         self.spec, self.rank, self.world_size, self.config = spec, rank, world_size, spec.config
         self._agreement = Agreement(rank=rank, world_size=world_size,
                                     timeout_s=spec.config.collective_timeout_s)
@@ -55,7 +55,8 @@ class RankCheckpointer:
         self._pipeline = HandoffPipeline(rank=rank, world_size=world_size, config=spec.config,
                                          link=link, stats=self._stats,
                                          copy_delay_s=env_float(COPY_DELAY_ENV_VAR, 0.0),
-                                         local=self._local, schedule=self._schedule)
+                                         local=self._local, schedule=self._schedule,
+                                         exporter=exporter)
         self._cache = StateCache()
         self._ranks_on_node = ranks_on_node
         self._local_checked = False
@@ -189,6 +190,10 @@ class RankCheckpointer:
     def take_events(self) -> list[dict[str, Any]]:
         """The local tier's interval decisions since the last call, for the supervisor."""
         return self._schedule.take_events()
+
+    def export_snapshot(self, export_id: str) -> Any:
+        """A snapshot this rank offered its writer (the writer's call; see HandoffPipeline)."""
+        return self._pipeline.export(export_id)
 
     def take_guard_wait_s(self) -> float:
         """Seconds optimizer steps waited for snapshot copies since the last call."""

@@ -30,6 +30,7 @@ from ray_resilience._internal.checkpoint.wire import (
     ShardOutcome,
     ShardReport,
 )
+from ray_resilience._internal.constants import checkpoint_call_timeout_s
 from ray_resilience._internal.priority import lower_process
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointStorageError
@@ -70,7 +71,7 @@ class CheckpointWriter:
         self._commit_seq = 0
         """The newest commit heard of: threaded calls may run out of order."""
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
-        self._counts = {"received": 0, "durable": 0, "failed": 0, "retries": 0,
+        self._counts = {"received": 0, "copied": 0, "durable": 0, "failed": 0, "retries": 0,
                         "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0}
         self._last_error: str | None = None
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
@@ -96,9 +97,14 @@ class CheckpointWriter:
         self._warm.wait()
         return True
 
-    def receive(self, message: bytes, boxed: list[Any]) -> str | None:
-        """Takes a rank's pickled `SaveTicket`, copies its snapshot into a writer-owned object and
-        queues the write; `NEED_PLAN`, taking nothing, when the ticket names an unknown plan."""
+    def receive(self, message: bytes, boxed: list[Any],
+                source: tuple[Any, str] | None = None) -> str | None:
+        """Takes a rank's pickled `SaveTicket` and its snapshot, and queues the write. The
+        snapshot is `source`'s (the rank's actor and an export id): asked for here, it is an
+        object this writer owns, kept as it is; or the object in `boxed`, which the rank owns
+        and which is copied into one of ours (it would vanish with the rank). Returns None when
+        taken, `NEED_PLAN` (taking nothing) when the ticket names an unknown plan, else why the
+        snapshot could not be taken."""
         ticket: SaveTicket = self._warm.loads(message)
         plan_key = (ticket.rank, ticket.plan_id)
         with self._cond:
@@ -111,8 +117,22 @@ class CheckpointWriter:
                 ticket.items, ticket.planner_data = self._plans[plan_key]
             else:
                 return NEED_PLAN
-        payload = ray.get(boxed[0])
-        own = ray.put(payload)
+        if source is not None:
+            rank_actor, export_id = source
+            own = rank_actor.export_snapshot.remote(export_id)  # a return value: ours
+            try:
+                payload = ray.get(own, timeout=checkpoint_call_timeout_s())  # maps it: no copy
+            except Exception as exc:  # noqa: BLE001 - this save is lost, the rank is told why
+                return (f"writer {self.writer_id} could not take rank {ticket.rank}'s snapshot "
+                        f"of step {ticket.step}: {type(exc).__name__}: {exc}")
+            if payload is None:
+                return (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up before "
+                        f"writer {self.writer_id} took it")
+        else:
+            payload = ray.get(boxed[0])
+            own = ray.put(payload)
+            with self._cond:
+                self._counts["copied"] += 1
         nbytes = payload.nbytes
         del payload, boxed
         with self._cond:
