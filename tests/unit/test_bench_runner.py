@@ -82,3 +82,24 @@ def test_peak_memory_counts_private_memory_and_new_shared_memory_once(tmp_path) 
         child.wait(10)
         if os.path.exists(shm):
             os.unlink(shm)
+
+
+def test_a_run_from_another_checkout_imports_that_checkouts_code(tmp_path, monkeypatch) -> None:
+    """`--checkout LABEL=PATH` arms: the runner must import PATH's ray_resilience even when the
+    benchmark is started from this checkout's root (`-m` would put the working directory first)."""
+    from sweep.isolated import run_isolated  # noqa: PLC0415
+
+    other = tmp_path / "other"
+    (other / "ray_resilience").mkdir(parents=True)
+    (other / "ray_resilience" / "__init__.py").write_text("")
+    runner_dir = other / "jobs" / "bench" / "sweep"
+    runner_dir.mkdir(parents=True)
+    (runner_dir / "__init__.py").write_text("")
+    (runner_dir / "runner.py").write_text(
+        "import json, sys\nimport ray_resilience\n"
+        "json.dump({'status': 'ok', 'origin': ray_resilience.__file__}, open(sys.argv[2], 'w'))\n")
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(BENCH)))  # this checkout's root
+    workload = Workload(run_dir=str(tmp_path / "run"), data_dir=str(tmp_path / "data"))
+    result = run_isolated("ours", workload, timeout_s=30,
+                          paths=[str(other / "jobs" / "bench"), str(other)])
+    assert result.get("origin") == str(other / "ray_resilience" / "__init__.py"), result
