@@ -32,9 +32,11 @@ def run_isolated(mechanism: str, workload: Workload, *, timeout_s: float,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, *rest])}
     with open(os.path.join(workload.run_dir, "runner.log"), "w", encoding="utf-8") as log:
         try:
-            # -P: `-m` would put the working directory first on sys.path, and from a checkout's
-            # root that imports its ray_resilience instead of the one `paths` names.
+            # In the run folder, with -P: `-m` puts the working directory first on sys.path, and
+            # Ray puts the driver's on its workers' paths; from a checkout's root either imports
+            # that checkout's ray_resilience instead of the one `paths` names.
             code = subprocess.run([sys.executable, "-P", "-m", "sweep.runner", request, result],
+                                  cwd=workload.run_dir,
                                   env=env, stdout=log, stderr=subprocess.STDOUT,
                                   timeout=timeout_s + RUNNER_SLACK_S).returncode
         except subprocess.TimeoutExpired:
