@@ -267,3 +267,88 @@ def test_a_memory_limit_counts_against_the_tier(tmp_path):
     assert local_space.memory_headroom(str(tmp_path)) == 2 * 2**20
     (tmp_path / "memory.max").write_text("max")
     assert local_space.memory_headroom(str(tmp_path)) is None
+
+
+def test_a_file_rewritten_while_it_is_copied_is_refused_and_marks_the_state_torn(
+        tmp_path, monkeypatch):
+    """The data is mapped, not copied: a stale writer (a hung rank not yet gone) rewriting the
+    file while the loader copies from it is caught by the header check after the copy, and the
+    load target remembers that the live state now holds part of it."""
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
+    _save(store, 1, "s", model, optimizer, encode_extra({"step": 1}), cache)
+    from ray_resilience._internal.checkpoint.rank import loader  # noqa: PLC0415
+
+    real = loader._dcp_load
+
+    def load_while_a_stale_writer_starts(state, reader):
+        with open(tmp_path / "rank0.0", "r+b") as f:  # what a write marks first
+            header = json.dumps({"format": local_tier.FORMAT, "state": "writing"}).encode()
+            f.write(len(header).to_bytes(8, "little") + header)
+        real(state, reader)
+
+    monkeypatch.setattr(loader, "_dcp_load", load_while_a_stale_writer_starts)
+    fresh_model, fresh_opt = _trained(seed=9)
+    target = LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=False,
+                        model=fresh_model, optimizer=fresh_opt, local=store)
+    offer, own = _local_offer(target)
+    assert offer == [("s", 1)]
+    _, loaded, error = _try_local(target, ("s", 1), own)
+    assert loaded is None and "rewritten while it was read" in error
+    assert target.torn is not None and "rewritten while it was read" in target.torn
+
+
+def test_a_failure_before_copying_leaves_the_state_clean(tmp_path):
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
+    _save(store, 1, "s", model, optimizer, b"", cache)
+    with open(tmp_path / "rank0.0", "r+b") as f:
+        f.seek(HEADER_BYTES + 10)
+        byte = f.read(1)
+        f.seek(HEADER_BYTES + 10)
+        f.write(bytes([byte[0] ^ 0x01]))
+    fresh_model, fresh_opt = _trained(seed=9)
+    before = _state(fresh_model, fresh_opt)
+    target = LoadTarget(rank=0, storage=None, coordinator=None, memory_tier=False,
+                        model=fresh_model, optimizer=fresh_opt, local=store)
+    _, own = _local_offer(target)
+    _, loaded, error = _try_local(target, ("s", 1), own)
+    assert loaded is None and "the header says" in error and target.torn is None
+    assert _equal(_state(fresh_model, fresh_opt), before)
+
+
+def test_no_fresh_start_from_a_torn_load_when_nothing_else_can_replace_it(tmp_path, monkeypatch):
+    """Only a local snapshot exists and it changed while loading: the load raises (the attempt
+    restarts with a fresh model) rather than report "nothing to load" over half-loaded state."""
+    import types  # noqa: PLC0415
+
+    from ray_resilience._internal.checkpoint.rank import loader  # noqa: PLC0415
+    from ray_resilience.checkpoint import CheckpointCorruptError  # noqa: PLC0415
+
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
+    _save(store, 1, "s", model, optimizer, encode_extra({"step": 1}), cache)
+    real = loader._dcp_load
+
+    def load_while_a_stale_writer_starts(state, reader):
+        with open(tmp_path / "rank0.0", "r+b") as f:
+            header = json.dumps({"format": local_tier.FORMAT, "state": "writing"}).encode()
+            f.write(len(header).to_bytes(8, "little") + header)
+        real(state, reader)
+
+    class _Alone:
+        def gather(self, value):
+            return [value]
+
+        def all_true(self, value):
+            return bool(value)
+
+    nothing_committed = types.SimpleNamespace(
+        load_info=types.SimpleNamespace(remote=lambda rank: ([], {})))
+    monkeypatch.setattr(loader, "_dcp_load", load_while_a_stale_writer_starts)
+    monkeypatch.setattr(loader.ray, "get", lambda value, timeout=None: value)
+    fresh_model, fresh_opt = _trained(seed=9)
+    target = LoadTarget(rank=0, storage=None, coordinator=nothing_committed, memory_tier=False,
+                        model=fresh_model, optimizer=fresh_opt, local=store)
+    with pytest.raises(CheckpointCorruptError, match="rewritten while it was read.*Build"):
+        loader.load_newest(target, _Alone())

@@ -61,6 +61,9 @@ class LoadTarget:
     local: LocalSnapshots | None = None
     config: CheckpointConfig | None = None
     """Its storage retries apply to reads too (None: no retry)."""
+    torn: str | None = None
+    """Why a local load failed after it began copying into the model and optimizer (their state
+    is then part snapshot, part not: only a complete load may follow)."""
 
 
 def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | None:
@@ -108,6 +111,11 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
             _quarantine(target, step_dir, reason)
     if candidates:  # local snapshots stay: a storage outage must not cost them too
         raise CheckpointLoadError(target.storage.display(), failures)
+    if target.torn is not None:  # a fresh start must not train from half a snapshot
+        raise CheckpointCorruptError(target.local.root, (
+            f"{target.torn}; no other snapshot and no committed checkpoint could replace what it "
+            "had copied into the model and optimizer. Build them anew and load again (a restart "
+            "of the attempt does)"))
     if target.local is not None:  # training starts over: a new timeline
         target.local.keep_only(None, None)
     return None
@@ -143,14 +151,18 @@ def _try_local(target: LoadTarget, key: tuple[str, int], own: tuple[list, str] |
         return state, None, "no local snapshot"
     items, digest = own
     where = f"local snapshot of step {key[1]} in {local.root}"
+    copying = False
     try:
         sizes = [item_nbytes(i) for i in items if is_tensor_item(i)]
-        payload = local.read(key[0], key[1], digest, sizes)
-        if payload is None:
-            return state, None, f"{where}: changed or unreadable"
-        _dcp_load(state, MemoryShardReader(items, payload, where=where))
-        extra = decode_extra(payload.extra, path=where)
+        with local.read(key[0], key[1], digest, sizes) as payload:
+            if payload is None:
+                return state, None, f"{where}: changed or unreadable"
+            copying = True
+            _dcp_load(state, MemoryShardReader(items, payload, where=where))
+            extra = decode_extra(payload.extra, path=where)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the committed tiers remain
+        if copying:
+            target.torn = f"{where}: {_describe(exc)}"
         return state, None, _describe(exc)
     return state, LoadedCheckpoint(step=key[1], extra=extra, tier="local", path=local.root), None
 

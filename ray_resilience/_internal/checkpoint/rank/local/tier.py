@@ -8,12 +8,15 @@ loaded. Nothing is unpickled. Format and reasons: docs/design.md, section 8.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import logging
+import mmap
 import os
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -134,9 +137,14 @@ class LocalSnapshots:
         """(session, step) of each complete snapshot with shard layout `layout` (None: any)."""
         return [(s, step) for s, step, digest in self.slots() if layout in (None, digest)]
 
-    def read(self, session: str, step: int, layout: str, tensor_sizes: list[int]) -> Any | None:
-        """The snapshot of (`session`, `step`) as a `ShardPayload` laid out by the reader's plan;
-        None when no file holds it; `CheckpointCorruptError` when its file fails a check."""
+    @contextlib.contextmanager
+    def read(self, session: str, step: int, layout: str,
+             tensor_sizes: list[int]) -> Iterator[ShardPayload | None]:
+        """The snapshot of (`session`, `step`) as a `ShardPayload` laid out by the reader's plan,
+        over the file mapped read-only: nothing is copied but what the caller loads. None when
+        no file holds it; `CheckpointCorruptError` when its file fails a check, or on leaving
+        when it was rewritten while the caller copied from it (a stale writer: a hung rank not
+        yet gone), so what the caller loaded is torn and must not be used."""
         for slot in (0, 1):
             header = self._read_header(slot)
             if header is None or (header["session"], header["step"], header["layout"]) \
@@ -146,23 +154,29 @@ class LocalSnapshots:
             if header["tensor_bytes"] != sum(tensor_sizes):
                 raise CheckpointCorruptError(where, f"holds {header['tensor_bytes']} tensor "
                                                     f"bytes, the save plan has {sum(tensor_sizes)}")
-            data = self._read_data(where, header)
-            if self._read_header(slot) != header:  # a stale writer (a hung rank not yet gone)?
+            yield _payload(self._map_data(where, header), tensor_sizes, header)
+            # A write marks the header "writing" first and stamps a new time when done: an
+            # unchanged header means no byte changed since the checksum was taken.
+            if self._read_header(slot) != header:
                 raise CheckpointCorruptError(where, "the file was rewritten while it was read")
             self._newest = slot
-            return _payload(data, tensor_sizes, header)
-        return None
+            return
+        yield None
 
-    def _read_data(self, where: str, header: dict) -> bytearray:
+    def _map_data(self, where: str, header: dict) -> np.ndarray:
+        """The file's data, mapped read-only (page-cache pages of the tmpfs: no allocation and
+        no copy, which at GBs cost more than the read), its checksum checked."""
         length = header["tensor_bytes"] + sum(header["blobs"]) + header["extra"]
         with open(where, "rb", buffering=0) as f:
             if HEADER_BYTES + length > os.fstat(f.fileno()).st_size:
                 raise CheckpointCorruptError(where, "the header claims more bytes than the file "
                                                     "holds (unreadable)")
-            data = bytearray(length)
-            f.seek(HEADER_BYTES)
-            if f.readinto(data) != length:
-                raise CheckpointCorruptError(where, "the file ended early (unreadable)")
+            if length == 0:
+                return np.empty(0, np.uint8)
+            # The files only grow (fallocate) and are unlinked, never truncated, while a rank
+            # may read them, so the mapping cannot lose pages under the reader.
+            mapped = mmap.mmap(f.fileno(), HEADER_BYTES + length, prot=mmap.PROT_READ)
+        data = np.frombuffer(mapped, np.uint8, count=length, offset=HEADER_BYTES)
         actual = local_space.checksum(header["checksum"], data)
         if actual != header["crc"]:
             raise CheckpointCorruptError(where, f"{header['checksum']} of the data is "
@@ -239,14 +253,13 @@ def _nbytes(buffer: Any) -> int:
     return buffer.nbytes if isinstance(buffer, np.ndarray) else len(memoryview(buffer).cast("B"))
 
 
-def _payload(data: bytearray, tensor_sizes: list[int], header: dict) -> ShardPayload:
+def _payload(data: np.ndarray, tensor_sizes: list[int], header: dict) -> ShardPayload:
     at = sum(tensor_sizes)
     blobs = []
     for n in header["blobs"]:
-        blobs.append(bytes(data[at:at + n]))
+        blobs.append(data[at:at + n].tobytes())
         at += n
-    return ShardPayload.packed(np.frombuffer(data, np.uint8), tensor_sizes, blobs,
-                               bytes(data[at:at + header["extra"]]))
+    return ShardPayload.packed(data, tensor_sizes, blobs, data[at:at + header["extra"]].tobytes())
 
 
 def _write_all(fd: int, buffers: list, offset: int) -> int:
