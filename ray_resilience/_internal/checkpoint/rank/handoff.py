@@ -18,6 +18,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot
 from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
 from ray_resilience._internal.checkpoint.rank.drops import DropReporter
+from ray_resilience._internal.checkpoint.rank.export import SnapshotExports
 from ray_resilience._internal.checkpoint.rank.local.writer import LocalWriter
 from ray_resilience._internal.checkpoint.rank.slots import (
     LocalWrite,
@@ -29,8 +30,7 @@ from ray_resilience._internal.checkpoint.rank.slots import (
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.service.rounds import RoundResult
-from ray_resilience._internal.checkpoint.service.warm_import import dumps
-from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket, ShardOutcome
+from ray_resilience._internal.checkpoint.wire import SaveTicket, ShardOutcome
 from ray_resilience._internal.constants import (
     DEFAULT_VOTE_WAIT_S,
     DEFAULT_WRITER_POLL_S,
@@ -88,15 +88,9 @@ class HandoffPipeline:
         self._rounds: collections.deque[_Round] = collections.deque()
         self._voting: _Round | None = None
         self._sent_plans: set[str] = set()
-        self._writer_plans: set[tuple[str, str]] = set()
-        """(writer id, plan id) of the plans a writer was sent (rounds thread only)."""
         self._handed: collections.deque[SaveTicket] = collections.deque()
-        self._exports: dict[str, Any] = {}
-        """Snapshots offered to the writer until it takes them (`export`), by export id."""
-        self._export_seq = 0
-        self._exporter = exporter
-        """The actor whose `export_snapshot(export_id)` returns `export(export_id)`: this rank's
-        (None: the rank puts snapshots in the object store itself and the writer copies them)."""
+        self.exports = SnapshotExports(cond=self.cond, link=link, config=config,
+                                       exporter=exporter, replace_writer=self._replace_writer)
         self._closed = False
         self._threads = [
             threading.Thread(target=target, name=f"rr-ckpt-{name}-r{rank}", daemon=True)
@@ -386,17 +380,13 @@ class HandoffPipeline:
             return RoundResult(False, f"coordinator unreachable: {type(exc).__name__}")
 
     def _hand_off(self, slot: Slot, owned: tuple[bool, ...]) -> None:
-        """Gives the writer the snapshot in `slot`. The writer asks this rank's actor for it
-        (`export`), so the object is the writer's from the start: it outlives this rank and
-        the writer keeps it as it is, with no second copy of the state in the object store.
-        Without an exporter the rank puts it and the writer copies it."""
+        """Gives the writer the snapshot in `slot` (`SnapshotExports`: it takes it from this rank's
+        actor, or copies the object this rank put); the waiter thread then waits until durable."""
         ticket = dataclasses.replace(slot.ticket, owned=list(owned))
-        me = self._exporter
         try:
             slot.wait_copied()  # on GPU the guard may have let the slot go before its copy ended
             payload = slot.buffers.payload(slot.blobs, slot.extra.encode())
-            if me is None:
-                ref = ray.put(payload)
+            boxed = self.exports.box(payload)
         except Exception as exc:  # noqa: BLE001 - a failed hand-off loses this save only
             with self.cond:
                 slot.release()
@@ -404,26 +394,11 @@ class HandoffPipeline:
             self._record(ticket, ShardOutcome(ticket.session, ticket.step, False,
                                               f"snapshot hand-off failed: {exc}"))
             return
-        if me is None:
-            with self.cond:
-                slot.release()
-                self.writing = ticket
-                self.cond.notify_all()
-            outcome = self._receive(ticket, [ref])
-        else:
-            with self.cond:
-                self._export_seq += 1
-                export_id = f"{ticket.session}/{ticket.step}/{self._export_seq}"
-                self._exports[export_id] = payload
-                self.writing = ticket
-            del payload
-            try:
-                outcome = self._receive(ticket, [], source=(me, export_id))
-            finally:
-                with self.cond:  # taken (the object is the writer's) or given up: free the slot
-                    self._exports.pop(export_id, None)
-                    slot.release()
-                    self.cond.notify_all()
+        with self.cond:
+            source = self.exports.offer(ticket, slot, payload)
+            self.writing = ticket
+        del payload
+        outcome = self.exports.send(ticket, slot, boxed, source)
         if outcome is not None:
             self._finish_write(ticket, outcome)
             return
@@ -432,42 +407,8 @@ class HandoffPipeline:
             self._handed_cond.notify()
 
     def export(self, export_id: str) -> Any:
-        """The snapshot offered under `export_id` (the writer's call, through the rank actor;
-        what this returns becomes an object the writer owns); None when it was given up."""
-        with self.cond:
-            return self._exports.pop(export_id, None)
-
-    def _receive(self, ticket: SaveTicket, boxed: list,
-                 source: tuple[Any, str] | None = None) -> ShardOutcome | None:
-        """Gives the writer the snapshot (the object in `boxed`, or `source`: this rank's actor
-        and the export id to ask it for); None when it took it, else the failed outcome. The
-        plan goes to a writer once; later tickets name it by id."""
-        writer_id = self.link.writer_id
-        plan = (writer_id, ticket.plan_id)
-        try:
-            answer = NEED_PLAN
-            if plan in self._writer_plans:
-                lean = dataclasses.replace(ticket, items=None, planner_data=None)
-                answer = ray.get(self.link.handle.receive.remote(dumps(lean), boxed,
-                                                                 source=source),
-                                 timeout=self.config.write_timeout_s)
-            if answer == NEED_PLAN:
-                answer = ray.get(self.link.handle.receive.remote(dumps(ticket), boxed,
-                                                                 source=source),
-                                 timeout=self.config.write_timeout_s)
-                self._writer_plans.add(plan)
-            if answer is not None and answer != NEED_PLAN:
-                return ShardOutcome(ticket.session, ticket.step, False, str(answer))
-            return None
-        except RayActorError as exc:
-            self._replace_writer()
-            return ShardOutcome(ticket.session, ticket.step, False,
-                                f"writer {writer_id} died during the save ({type(exc).__name__})")
-        except GetTimeoutError:
-            return ShardOutcome(ticket.session, ticket.step, False,
-                                f"writer {writer_id} did not answer")
-        finally:
-            boxed.clear()  # the writer holds its own object now (or the save is lost): free ours
+        """The snapshot offered to the writer under `export_id` (`SnapshotExports.export`)."""
+        return self.exports.export(export_id)
 
 
     def _run_waiter(self) -> None:

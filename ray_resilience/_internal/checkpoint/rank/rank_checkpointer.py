@@ -192,7 +192,7 @@ class RankCheckpointer:
         return self._schedule.take_events()
 
     def export_snapshot(self, export_id: str) -> Any:
-        """A snapshot this rank offered its writer (the writer's call; see HandoffPipeline)."""
+        """A snapshot this rank offered its writer (the writer's call; see SnapshotExports)."""
         return self._pipeline.export(export_id)
 
     def take_guard_wait_s(self) -> float:
