@@ -17,10 +17,13 @@ from typing import Protocol
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 
-from ray_resilience.examples.llama import build_model, causal_lm_loss
+from ray_resilience.examples.llama import build_model, build_sharded, causal_lm_loss
 from ray_resilience.examples.token_data import TokenDataset
 from ray_resilience.testing.fire import fire
 
@@ -68,13 +71,21 @@ def rank_seed(workload: Workload, rank: int) -> int:
 
 
 def build(workload: Workload) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """FSDP2-sharded model (each block, then the root) and its AdamW, identical everywhere."""
-    model = build_model(size(workload.size).model, seed=workload.seed)
-    for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+    """FSDP2-sharded model (each block, then the root) and its AdamW, identical everywhere.
+
+    Built on the meta device with only this rank's shards allocated, uninitialized: a restart
+    loads a checkpoint straight into them (an expert user's restart never initializes the whole
+    model on the CPU first), and a fresh start fills them with `init_fresh`."""
+    model = build_sharded(size(workload.size).model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr, weight_decay=0.0)
     return model, optimizer
+
+
+def init_fresh(workload: Workload, model: nn.Module) -> None:
+    """A fresh start's weights: the seed's full model, each rank keeping its shards (the same
+    values on every mechanism)."""
+    full = build_model(size(workload.size).model, seed=workload.seed).state_dict()
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
 
 
 def restore(workload: Workload, rank: int, restored: Restored | None) -> int:
@@ -100,6 +111,8 @@ def train(
     log.pg_ready(rank)
     t_load = time.time()
     restored = ckpt.load(model, optimizer)
+    if restored is None:
+        init_fresh(workload, model)
     start = restore(workload, rank, restored)
     log.load(rank, t_load, start, tier=restored.tier if restored else None)
     data = TokenDataset(workload.data_dir)

@@ -8,8 +8,10 @@ critical path: each ends when the last rank got there.
   its first statement: its boot is in launcher);
 - imports: torch, DTensor, DCP and the rank's modules;
 - prewarm: ours' warm-up (one toy FSDP2 step and restore);
-- rendezvous + build: the attempt's process group and the model's construction and sharding;
-- load: the checkpoint load (nothing to load on a fresh start: agreeing that there is none);
+- rendezvous + build: the attempt's process group and the model's construction (on the meta
+  device, only this rank's shards allocated) and sharding;
+- load: the checkpoint load, or on a fresh start agreeing that there is none and filling the
+  shards with the seed's initial weights;
 - first step.
 Ours' times come from `Result.phases` (supervisor and ranks); torchrun's from its event log.
 """
@@ -44,7 +46,8 @@ def _ours_marks(run_dir: str, t_launch: float, events: list[dict]) -> list[float
     imports = [p for p in phases if p["phase"] == "imports"]
     return [t_launch, found["t_fit"], end("placement"),
             _last([p["t_start"] for p in imports]), end("imports"), end("prewarm"),
-            _last([e["t"] for e in events if e["ev"] == "pg_ready"]), end("checkpoint_load")]
+            _last([e["t"] for e in events if e["ev"] == "pg_ready"]),
+            _last([e["t"] for e in events if e["ev"] == "load"]) or end("checkpoint_load")]
 
 
 def _torchrun_marks(t_launch: float, events: list[dict]) -> list[float | None]:
@@ -67,7 +70,8 @@ def split(run_dir: str, t_launch: float) -> dict[str, float] | None:
                    key=lambda e: e["t"])
     if not steps:
         return None
-    marks = _ours_marks(run_dir, t_launch, events)
+    before = [e for e in events if e["t"] <= steps[0]["t"]]  # the first attempt's
+    marks = _ours_marks(run_dir, t_launch, before)
     if marks is None:
         marks = _torchrun_marks(t_launch, events)
     marks.append(steps[0]["t"])

@@ -31,7 +31,14 @@ from harness.events import EventLog, FaultLedger
 from harness.ray_session import rank_resources, ray_for
 from harness.spec import PHASES_FILE, PeerRun, Workload
 from harness.timeline import align_to_ledger
-from harness.workload import FaultTrigger, Restored, build, restore, write_final_params
+from harness.workload import (
+    FaultTrigger,
+    Restored,
+    build,
+    init_fresh,
+    restore,
+    write_final_params,
+)
 
 import ray_resilience as rr
 from ray_resilience.checkpoint import CheckpointConfig
@@ -59,9 +66,13 @@ def _train_loop(config: dict[str, Any]) -> dict[str, int]:
     log.start(rank, t_entry)  # every peer logs its steps too (the node killer reads them)
     model, optimizer = build(workload)
     log.pg_ready(rank)
+    t_load = time.time()
     loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
+    if loaded is None:
+        init_fresh(workload, model)
     start = restore(workload, rank, None if loaded is None else Restored(
         step=loaded.step, rng=loaded.extra.get("rng"), tier=loaded.tier))
+    log.load(rank, t_load, start, tier=None if loaded is None else loaded.tier)
     data = TokenDataset(workload.data_dir)
     faults = FaultTrigger(workload, FaultLedger(workload.run_dir), rank)
     for step in range(start + 1, workload.max_steps + 1):

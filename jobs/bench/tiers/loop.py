@@ -8,10 +8,9 @@ from typing import Any
 
 import torch
 from harness.sizes import size
-from torch.distributed.fsdp import fully_shard
 
 import ray_resilience as rr
-from ray_resilience.examples.llama import build_model, causal_lm_loss
+from ray_resilience.examples.llama import build_sharded, causal_lm_loss, load_or_init
 from ray_resilience.examples.token_data import TokenDataset
 
 
@@ -19,12 +18,11 @@ def train_loop(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)  # 2 ranks on 2 cores, as every benchmark here
     shape = size(config["size"])
     ctx = rr.get_context()
-    model = build_model(shape.model, seed=0)
-    for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+    # Only this rank's shards, allocated on the meta device's plan and filled by the load: a
+    # restart never initializes the whole model on the CPU first.
+    model = build_sharded(shape.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
+    loaded = load_or_init(model, optimizer, seed=0)
     start = 0 if loaded is None else loaded.step
     torch.manual_seed(1000 + ctx.world_rank)
     if loaded is not None:
