@@ -42,6 +42,12 @@ def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
     """`ray.init` on a fresh cluster of a head and `nodes` worker nodes; torn down on exit."""
     os.environ["PYTHONPATH"] = with_bench_paths(os.environ.get("PYTHONPATH", ""))
     temp_dir = tempfile.mkdtemp(prefix="rrb_cl_", dir="/tmp")  # short: AF_UNIX path limit
+    # Ray's Cluster records the head's address in <RAY_TMPDIR or /tmp>/ray/ray_current_cluster,
+    # which other drivers on the machine read (and which fails where /tmp/ray does not exist):
+    # kept in this cluster's own folder.
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp_dir
+    os.makedirs(os.path.join(temp_dir, "ray"), exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": head_cpus, "include_dashboard": False, "temp_dir": temp_dir,
         "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
@@ -53,6 +59,10 @@ def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
