@@ -164,3 +164,24 @@ def test_startup_split_of_a_launcher_run_has_no_runtime_boot_or_prewarm(tmp_path
     assert got == pytest.approx({
         "runtime": 0.0, "launcher": 2.0, "boot": 0.0, "imports": 2.0, "prewarm": 0.0,
         "rendezvous + build": 1.0, "load": 0.5, "first step": 0.5, "total": 6.0})
+
+
+def test_ours_load_segment_ends_with_the_fresh_init_of_the_first_attempt(tmp_path) -> None:
+    """Ours logs a "load" event after `load_checkpoint` and, on a fresh start, the seed's weights
+    (as the launcher peers do): the segment ends there, not at the end of our load phase, and a
+    later attempt's load does not move it."""
+    run = str(tmp_path)
+    phases = [{"phase": "placement", "t_start": 13.0, "t_end": 14.0, "attempt": 0, "rank": None},
+              {"phase": "checkpoint_load", "t_start": 19.0, "t_end": 19.1, "attempt": 0,
+               "rank": 0}]
+    with open(tmp_path / PHASES_FILE, "w") as f:
+        json.dump({"t_launch": 10.0, "t_fit": 12.0, "phases": phases}, f)
+    write_events(run, "rank0", [{"ev": "pg_ready", "rank": 0, "t": 19.0},
+                                {"ev": "load", "rank": 0, "t": 19.6, "t_start": 19.0,
+                                 "from_step": 0},
+                                {"ev": "step", "rank": 0, "step": 1, "t": 20.0},
+                                {"ev": "load", "rank": 0, "t": 30.0, "t_start": 29.0,
+                                 "from_step": 1},
+                                {"ev": "step", "rank": 0, "step": 2, "t": 31.0}])
+    got = split(run, 10.0)
+    assert got["load"] == pytest.approx(0.6) and got["first step"] == pytest.approx(0.4)
