@@ -7,8 +7,10 @@
 Arms (`overhead/arms.py`): torchrun, ours-disabled, ours, each optionally from another checkout
 (`NAME@LABEL` with `--checkout LABEL=PATH`) for before/after comparisons. Repetitions interleave
 the arms (`overhead/ab.py`); every run reports per-step wall time, training-thread CPU and rank
-process CPU (`overhead/steps.py`) with the load average. Writes `overhead.json` into --out;
-`render.py` adds its table to docs/benchmarks.md.
+process CPU (`overhead/steps.py`) with the load average. Writes `overhead.json` into --out; a
+rerun of some sizes into a folder that holds results replaces only those sizes (each size keeps
+the date, command and repetitions of the sitting that measured it). `render.py` adds its table
+to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 from overhead.ab import run_size  # noqa: E402 - after the path set-up above
 from overhead.arms import SETTINGS, parse_arms  # noqa: E402
 from sweep import machine  # noqa: E402
-from sweep.results import write_json  # noqa: E402
+from sweep.results import read_json, write_json  # noqa: E402
 
 DEFAULT_ARMS = "torchrun,ours-disabled,ours"
 
@@ -71,13 +73,38 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     for name in args.sizes:
         print(f"{name}:", flush=True)
-        document["sizes"][name] = run_size(name, args.arms, reps=args.reps, work_dir=args.work,
-                                           timeout_s=args.run_timeout_s,
-                                           log=lambda line: print(line, flush=True))
+        entry = run_size(name, args.arms, reps=args.reps, work_dir=args.work,
+                         timeout_s=args.run_timeout_s, log=lambda line: print(line, flush=True))
+        document["sizes"][name] = {**entry, **sitting(document)}
     document["duration_s"] = round(time.time() - started, 1)
     document["machine"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
-    print(f"wrote {write_json(os.path.join(args.out, 'overhead.json'), document)}")
+    path = os.path.join(args.out, "overhead.json")
+    print(f"wrote {write_json(path, merged(path, document))}")
     return 0
+
+
+SITTING = ("date_utc", "command", "reps", "arms")
+"""What each size entry records of the invocation that measured it."""
+
+
+def sitting(document: dict) -> dict:
+    return {key: document[key] for key in SITTING}
+
+
+def merged(path: str, document: dict) -> dict:
+    """`document` over the results already at `path`: its sizes replace theirs, the others stay
+    (each with its own sitting); the top level is the newest sitting's, its arms every size's."""
+    if not os.path.exists(path):
+        return document
+    old = read_json(path)
+    sizes = {name: {**sitting(old), **entry} for name, entry in old.get("sizes", {}).items()}
+    sizes.update(document["sizes"])
+    arms = list(document["arms"])
+    for entry in sizes.values():
+        arms += [arm for arm in entry["arms"] if arm not in arms]
+    known = ["torchrun", "ours-disabled", "ours-nockpt", "ours"]  # the page's row order
+    arms.sort(key=lambda arm: known.index(arm) if arm in known else len(known))
+    return {**document, "arms": arms, "sizes": sizes}
 
 
 if __name__ == "__main__":

@@ -185,3 +185,26 @@ def test_ours_load_segment_ends_with_the_fresh_init_of_the_first_attempt(tmp_pat
                                 {"ev": "step", "rank": 0, "step": 2, "t": 31.0}])
     got = split(run, 10.0)
     assert got["load"] == pytest.approx(0.6) and got["first step"] == pytest.approx(0.4)
+
+
+def test_a_rerun_of_one_size_replaces_only_that_size_and_keeps_each_sittings_date(tmp_path):
+    import bench_overhead  # noqa: PLC0415
+    from report.overhead import _sittings  # noqa: PLC0415
+    from sweep.results import write_json  # noqa: PLC0415
+
+    def doc(date, reps, arms, sizes):
+        return {"benchmark": "overhead", "date_utc": date, "command": f"run {date}", "reps": reps,
+                "arms": arms, "sizes": {name: {"size": name, "arms": {a: {} for a in arms},
+                                               "marker": date} for name in sizes}}
+
+    path = str(tmp_path / "overhead.json")
+    write_json(path, doc("day 1", 3, ["torchrun", "ours-disabled", "ours"], ["tiny", "1gb"]))
+    new = doc("day 2", 2, ["ours-disabled", "ours-nockpt", "ours"], ["1gb"])
+    new["sizes"]["1gb"].update(bench_overhead.sitting(new))
+    got = bench_overhead.merged(path, new)
+    assert got["sizes"]["tiny"]["marker"] == "day 1" and got["sizes"]["1gb"]["marker"] == "day 2"
+    assert (got["sizes"]["tiny"]["date_utc"], got["sizes"]["tiny"]["reps"]) == ("day 1", 3)
+    assert got["arms"] == ["torchrun", "ours-disabled", "ours-nockpt", "ours"]
+    assert _sittings(got, [got["sizes"]["tiny"], got["sizes"]["1gb"]]) == \
+        "tiny: day 1, 3 repetitions; 1gb: day 2, 2 repetitions"
+    assert bench_overhead.merged(str(tmp_path / "none.json"), new) is new

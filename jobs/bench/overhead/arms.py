@@ -6,7 +6,9 @@ and the per-size run lengths and checkpoint intervals.
   machinery with nothing recovering;
 - ours: `ResilienceConfig.default()` with committed checkpoints every `durable_every` steps and
   the local tier as the library's default runs it (`local_interval_steps="auto"`: the interval
-  whose measured cost stays within 1% of step time, at every size).
+  whose measured cost stays within 1% of step time, at every size);
+- ours-nockpt (not run by default): `ResilienceConfig.default()` with nothing saved, which
+  splits ours' cost between the recovery rungs' machinery and the checkpoint work.
 An arm `NAME@LABEL` runs mechanism NAME from the checkout given as `LABEL=PATH`: the same
 harness, another version of the library (before/after a change).
 """

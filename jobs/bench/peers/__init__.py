@@ -23,10 +23,11 @@ MECHANISMS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "torchft-ckpt": ("torchft_peer", "TorchftPeer", {"durable": True}),
     "nvrx-inprocess": ("nvrx_inprocess_peer", "NvrxInprocessPeer", {}),
     "ours-disabled": ("ours_peer", "OursPeer", {"variant": "disabled"}),
+    "ours-nockpt": ("ours_peer", "OursPeer", {"variant": "nockpt"}),
 }
-#: What the recovery sweep runs by default: every mechanism but the overhead benchmark's floor
-#: (`ours-disabled` recovers from nothing).
-SWEPT = tuple(m for m in MECHANISMS if m != "ours-disabled")
+#: What the recovery sweep runs by default: every mechanism but the overhead benchmark's split
+#: arms (`ours-disabled` recovers from nothing, `ours-nockpt` saves nothing).
+SWEPT = tuple(m for m in MECHANISMS if m not in ("ours-disabled", "ours-nockpt"))
 #: Mechanisms that train the same FSDP-sharded model with the same optimizer, world size and
 #: data: their final parameters must be bit-equal to each other's fault-free ones.
 FSDP_FAMILY = ("ours", "ours-spare", "ours-all", "torchrun", "ft-launcher", "ray-train")

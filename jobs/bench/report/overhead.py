@@ -12,6 +12,8 @@ CONFIGS = {
     "torchrun": "the loop under torchrun, no checkpoints",
     "ours-disabled": "ResilienceConfig.disabled(): Ray actors, nothing recovering, no checkpoints",
     "ours": "ResilienceConfig.default(): checkpoints every {durable} steps, local tier \"auto\"",
+    "ours-nockpt": "ResilienceConfig.default() with nothing saved: every rung running, no "
+                   "checkpoints, local tier off",
 }
 BUDGET_VS_NONE = 0.01
 """Target: the defaults cost at most 1% per step against no resilience (ours-disabled)."""
@@ -87,6 +89,16 @@ def _sizes(doc: dict[str, Any]) -> list[dict[str, Any]]:
                   if e["size"] in SIZE_ORDER else len(SIZE_ORDER))
 
 
+def _sittings(doc: dict[str, Any], sizes: list[dict[str, Any]]) -> str:
+    """When each size was measured and how often: one sitting, or one clause per sitting."""
+    by_sitting: dict[tuple, list[str]] = {}
+    for entry in sizes:
+        key = (entry.get("date_utc", doc["date_utc"]), entry.get("reps", doc["reps"]))
+        by_sitting.setdefault(key, []).append(entry["size"])
+    return "; ".join(f"{', '.join(names)}: {date}, {reps} repetitions"
+                     for (date, reps), names in by_sitting.items())
+
+
 def verdicts(doc: dict[str, Any]) -> list[str]:
     """Per size, the two targets against the paired medians of the mean step time."""
     out = []
@@ -112,8 +124,8 @@ def section(doc: dict[str, Any]) -> str:
     arms = doc["arms"]
     lines = [
         "## Fault-free overhead", "",
-        f"From `jobs/bench/bench_overhead.py` ({doc['date_utc']}): the same loop on 2 CPU ranks "
-        f"(gloo), no faults, {doc['reps']} interleaved repetitions (the arms' order rotates "
+        f"From `jobs/bench/bench_overhead.py` ({_sittings(doc, sizes)}): the same loop on 2 CPU "
+        "ranks (gloo), no faults, interleaved repetitions (the arms' order rotates "
         "every repetition). Step: wall time per training step, averaged over ranks, after the "
         "warm-up steps; the mean includes the periodic saves (committed checkpoints, the local "
         "tier) at the steps they happen, so it is the figure the targets are judged on. "
