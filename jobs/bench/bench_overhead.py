@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}:", flush=True)
         entry = run_size(name, args.arms, reps=args.reps, work_dir=args.work,
                          timeout_s=args.run_timeout_s, log=lambda line: print(line, flush=True))
-        document["sizes"][name] = {**entry, **sitting(document)}
+        document["sizes"][name] = {**entry, "sitting": sitting(document)}
     document["duration_s"] = round(time.time() - started, 1)
     document["machine"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
     path = os.path.join(args.out, "overhead.json")
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 SITTING = ("date_utc", "command", "reps", "arms")
-"""What each size entry records of the invocation that measured it."""
+"""What each size entry records (under "sitting") of the invocation that measured it."""
 
 
 def sitting(document: dict) -> dict:
@@ -97,7 +97,8 @@ def merged(path: str, document: dict) -> dict:
     if not os.path.exists(path):
         return document
     old = read_json(path)
-    sizes = {name: {**sitting(old), **entry} for name, entry in old.get("sizes", {}).items()}
+    sizes = {name: {"sitting": sitting(old), **entry}
+             for name, entry in old.get("sizes", {}).items()}
     sizes.update(document["sizes"])
     arms = list(document["arms"])
     for entry in sizes.values():

@@ -200,10 +200,11 @@ def test_a_rerun_of_one_size_replaces_only_that_size_and_keeps_each_sittings_dat
     path = str(tmp_path / "overhead.json")
     write_json(path, doc("day 1", 3, ["torchrun", "ours-disabled", "ours"], ["tiny", "1gb"]))
     new = doc("day 2", 2, ["ours-disabled", "ours-nockpt", "ours"], ["1gb"])
-    new["sizes"]["1gb"].update(bench_overhead.sitting(new))
+    new["sizes"]["1gb"]["sitting"] = bench_overhead.sitting(new)
     got = bench_overhead.merged(path, new)
     assert got["sizes"]["tiny"]["marker"] == "day 1" and got["sizes"]["1gb"]["marker"] == "day 2"
-    assert (got["sizes"]["tiny"]["date_utc"], got["sizes"]["tiny"]["reps"]) == ("day 1", 3)
+    assert got["sizes"]["tiny"]["sitting"]["reps"] == 3 and "ours" in got["sizes"]["1gb"]["arms"]
+    assert isinstance(got["sizes"]["1gb"]["arms"], dict)  # the per-arm results, untouched
     assert got["arms"] == ["torchrun", "ours-disabled", "ours-nockpt", "ours"]
     assert _sittings(got, [got["sizes"]["tiny"], got["sizes"]["1gb"]]) == \
         "tiny: day 1, 3 repetitions; 1gb: day 2, 2 repetitions"

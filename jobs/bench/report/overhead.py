@@ -93,7 +93,8 @@ def _sittings(doc: dict[str, Any], sizes: list[dict[str, Any]]) -> str:
     """When each size was measured and how often: one sitting, or one clause per sitting."""
     by_sitting: dict[tuple, list[str]] = {}
     for entry in sizes:
-        key = (entry.get("date_utc", doc["date_utc"]), entry.get("reps", doc["reps"]))
+        own = entry.get("sitting", doc)
+        key = (own["date_utc"], own["reps"])
         by_sitting.setdefault(key, []).append(entry["size"])
     return "; ".join(f"{', '.join(names)}: {date}, {reps} repetitions"
                      for (date, reps), names in by_sitting.items())
