@@ -111,12 +111,18 @@ class SnapshotExports:
             if answer is not None and answer != NEED_PLAN:
                 return ShardOutcome(ticket.session, ticket.step, False, str(answer))
             return None
-        except RayActorError as exc:
-            self._replace_writer()
-            return ShardOutcome(ticket.session, ticket.step, False,
-                                f"writer {writer_id} died during the save ({type(exc).__name__})")
-        except GetTimeoutError:
-            return ShardOutcome(ticket.session, ticket.step, False,
-                                f"writer {writer_id} did not answer")
+        except (RayActorError, GetTimeoutError) as exc:
+            return writer_failed(ticket, writer_id, exc, self._replace_writer)
         finally:
             boxed.clear()  # the writer holds its own object now (or the save is lost): free ours
+
+
+def writer_failed(ticket: SaveTicket, writer_id: str, exc: Exception,
+                  replace_writer: Callable[[], None]) -> ShardOutcome:
+    """The failed outcome of a save whose call to its writer raised `exc` (RayActorError: the
+    writer died and is replaced; GetTimeoutError: it did not answer)."""
+    if isinstance(exc, RayActorError):
+        replace_writer()
+        return ShardOutcome(ticket.session, ticket.step, False,
+                            f"writer {writer_id} died during the save ({type(exc).__name__})")
+    return ShardOutcome(ticket.session, ticket.step, False, f"writer {writer_id} did not answer")

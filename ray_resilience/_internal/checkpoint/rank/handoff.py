@@ -18,7 +18,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot
 from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
 from ray_resilience._internal.checkpoint.rank.drops import DropReporter
-from ray_resilience._internal.checkpoint.rank.export import SnapshotExports
+from ray_resilience._internal.checkpoint.rank.export import SnapshotExports, writer_failed
 from ray_resilience._internal.checkpoint.rank.local.writer import LocalWriter
 from ray_resilience._internal.checkpoint.rank.slots import (
     LocalWrite,
@@ -444,13 +444,8 @@ class HandoffPipeline:
                                    "(writer %s)", self.rank, ticket.step,
                                    now - deadline + self.config.write_timeout_s, writer_id)
                     next_warning = now + self.config.warn_interval_s
-        except RayActorError as exc:
-            self._replace_writer()
-            return ShardOutcome(ticket.session, ticket.step, False,
-                                f"writer {writer_id} died during the save ({type(exc).__name__})")
-        except GetTimeoutError:
-            return ShardOutcome(ticket.session, ticket.step, False,
-                                f"writer {writer_id} did not answer")
+        except (RayActorError, GetTimeoutError) as exc:
+            return writer_failed(ticket, writer_id, exc, self._replace_writer)
 
     def _finish_write(self, ticket: SaveTicket, outcome: ShardOutcome) -> None:
         self._record(ticket, outcome)
