@@ -138,6 +138,25 @@ def test_save_returns_without_the_other_rank_and_commits_once_it_saves(ranks_wit
     wait_committed(service, 3)
 
 
+def test_the_coordinators_long_poll_is_held_until_a_commit(ranks_with_slow_copy):
+    service, ranks = ranks_with_slow_copy
+    on_all(ranks, "save", 2)
+    assert all(on_all(ranks, "wait_idle"))
+    wait_committed(service, 2)
+    now = service.poll(0)
+    seen = (now["incarnation"], 2)
+    held = service.long_poll(now["cursor"], seen, 120)
+    ready, _ = ray.wait([held], timeout=2)
+    assert not ready, ray.get(held)  # nothing new: the poll waits (for up to 120 s)
+    on_all(ranks, "save", 3)
+    assert all(on_all(ranks, "wait_idle"))
+    answer = ray.get(held, timeout=60)
+    assert (answer["incarnation"], answer["latest"]) == (now["incarnation"], 3)
+    assert answer["dropped"] == [] and answer["fenced"] is None
+    # A caller that has not seen the commit is answered at once.
+    assert ray.get(service.long_poll(now["cursor"], seen, 120), timeout=30)["latest"] == 3
+
+
 def wait_until(predicate, what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

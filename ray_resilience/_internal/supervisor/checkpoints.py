@@ -15,6 +15,7 @@ import ray
 from ray_resilience._internal.constants import (
     DEFAULT_FINAL_SAVE_TIMEOUT_S,
     FINAL_SAVE_TIMEOUT_ENV_VAR,
+    checkpoint_call_timeout_s,
     env_float,
 )
 from ray_resilience._internal.supervisor.run_record import Clock, RunRecord
@@ -29,7 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMMIT_POLL_INTERVAL_S = 0.25
-"""How often the supervisor asks for the newest committed step and dropped saves."""
+"""How often the supervisor looks whether the coordinator's long poll answered (no call)."""
+LONG_POLL_S = 10.0
+"""How long the coordinator holds a poll without news before it answers anyway."""
 MAX_DROPPED_KEPT = 1000
 """Dropped saves listed in the outcome; later ones are only counted."""
 
@@ -56,6 +59,8 @@ class RunCheckpoints:
         self._started = False
         self._poll_at = 0.0
         self._cursor, self._incarnation = 0, None
+        self._pending: tuple[Any, float] | None = None
+        """The open long poll: its reference and when it was sent."""
 
     @property
     def enabled(self) -> bool:
@@ -101,8 +106,13 @@ class RunCheckpoints:
             self.service.ensure_writers(node_ids)
 
     def poll(self, *, force: bool = False) -> CheckpointError | None:
-        """Emits new commits and dropped saves (a cheap call, at most 4 per second); returns the
-        error that must end the run: another job took the run, or the coordinator is gone."""
+        """Emits new commits and dropped saves; returns the error that must end the run:
+        another job took the run, or the coordinator is gone.
+
+        The coordinator is long-polled: one call stays open until it has news (a commit, a
+        dropped save, a restart, the lease taken) or `LONG_POLL_S` passed, and this (called on
+        every monitor interval) looks at most `COMMIT_POLL_INTERVAL_S` apart whether it
+        answered, which costs no call. `force` asks at once and waits for the answer."""
         if self.lease is not None and self.lease.lost is not None:
             return self.lease.lost
         now = self._clock.monotonic()
@@ -110,8 +120,15 @@ class RunCheckpoints:
             return None
         self._poll_at = now + COMMIT_POLL_INTERVAL_S
         try:
-            info = self._poll_service()
+            if force:
+                self._pending = None
+                info = self._absorb(self.service.poll(self._cursor))
+            else:
+                info = self._answered(now)
+                if info is None:
+                    return None
         except ray.exceptions.RayActorError as exc:
+            self._pending = None
             return CheckpointError(f"the commit coordinator of run {self.run_name} died and "
                                    f"could not be restarted: {exc}")
         except ray.exceptions.GetTimeoutError:
@@ -124,12 +141,34 @@ class RunCheckpoints:
             self.last_commit = step
             self._emit(CheckpointCommitted(step=step, t=self._clock.time()))
         fenced = info["fenced"]
-        return fenced if fenced is not None and fenced.final else None
+        if fenced is not None and fenced.final:
+            return fenced
+        if not force:
+            self._open_poll(now)
+        return None
 
-    def _poll_service(self) -> dict[str, Any]:
-        """The coordinator's news since the last poll; after it restarted, it gets its writers
-        back and its news are read from the start."""
-        info = self.service.poll(self._cursor)
+    def _answered(self, now: float) -> dict[str, Any] | None:
+        """The open long poll's answer once it came (`poll` opens the next one after taking
+        it in), else None; a poll unanswered long past its wait is given up and asked again."""
+        if self._pending is None:
+            self._open_poll(now)
+        ref, sent = self._pending
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            if now - sent > LONG_POLL_S + checkpoint_call_timeout_s():
+                self._pending = None
+                raise ray.exceptions.GetTimeoutError("long poll unanswered")
+            return None
+        self._pending = None
+        return self._absorb(ray.get(ref))
+
+    def _open_poll(self, now: float) -> None:
+        seen = (self._incarnation, self.last_commit)
+        self._pending = (self.service.long_poll(self._cursor, seen, LONG_POLL_S), now)
+
+    def _absorb(self, info: dict[str, Any]) -> dict[str, Any]:
+        """Moves the cursor past `info`'s news; after the coordinator restarted, it gets its
+        writers back and its news are read from the start."""
         if info["incarnation"] != self._incarnation:
             if self._incarnation is not None:
                 log.warning("the commit coordinator restarted; handing it its writers back")

@@ -32,6 +32,9 @@ from ray_resilience.checkpoint.errors import LeaseLostError
 
 logger = logging.getLogger(__name__)
 
+NEWS_RECHECK_S = 0.1
+"""How often a long `poll` looks for news while it waits."""
+
 
 class CommitCoordinator:
     """Commits steps. Plain class; `CheckpointService` wraps it with `ray.remote`."""
@@ -290,14 +293,27 @@ class CommitCoordinator:
         loadable = self._retention.loadable()
         return loadable[0].step if loadable else None
 
-    def poll(self, cursor: int) -> dict[str, Any]:
+    def poll(self, cursor: int, *, seen: tuple[str | None, int | None] | None = None,
+             wait_s: float = 0.0) -> dict[str, Any]:
         """For the supervisor: the newest loadable commit, saves dropped since `cursor`, whether
-        the run was taken from this job, and this actor's incarnation (a restart changes it)."""
-        dropped, next_cursor, total = self._dropped.since(cursor)
-        return {"latest": self.latest_committed_step(), "dropped": dropped,
-                "cursor": next_cursor, "dropped_total": total,
-                "fenced": self._retention.fenced,
-                "incarnation": self._incarnation}
+        the run was taken from this job, and this actor's incarnation (a restart changes it).
+
+        A long poll when `wait_s` > 0: answers once there is news against `seen` (the
+        incarnation and newest commit the caller knows) or after `wait_s`, so an idle run costs
+        one call per `wait_s` instead of one per poll interval. It checks in-process every
+        `NEWS_RECHECK_S` (no call, no lock held while it waits)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dropped, next_cursor, total = self._dropped.since(cursor)
+            info = {"latest": self.latest_committed_step(), "dropped": dropped,
+                    "cursor": next_cursor, "dropped_total": total,
+                    "fenced": self._retention.fenced,
+                    "incarnation": self._incarnation}
+            left = deadline - time.monotonic()
+            if left <= 0 or seen is None or dropped or info["fenced"] is not None \
+                    or seen != (info["incarnation"], info["latest"]):
+                return info
+            time.sleep(min(NEWS_RECHECK_S, left))
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -137,6 +137,12 @@ class CheckpointService:
         """`CommitCoordinator.poll`: newest commit, dropped saves from `cursor`, lease, restarts."""
         return ray.get(self._coordinator.poll.remote(cursor), timeout=checkpoint_call_timeout_s())
 
+    def long_poll(self, cursor: int, seen: tuple[str | None, int | None],
+                  wait_s: float) -> ray.ObjectRef:
+        """`CommitCoordinator.poll` answering on news against `seen` or after `wait_s`: the
+        reference to wait on."""
+        return self._coordinator.poll.remote(cursor, seen=seen, wait_s=wait_s)
+
     def stats(self) -> dict[str, Any]:
         """Committed and pending steps, commit latencies, and per writer its memory and counters."""
         stats = ray.get(self._coordinator.stats.remote(), timeout=checkpoint_call_timeout_s())
