@@ -103,7 +103,8 @@ def merged(path: str, document: dict) -> dict:
     arms = list(document["arms"])
     for entry in sizes.values():
         arms += [arm for arm in entry["arms"] if arm not in arms]
-    known = ["torchrun", "ours-disabled", "ours-nockpt", "ours"]  # the page's row order
+    # the page's row order
+    known = ["torchrun", "ours-disabled", "ours-nockpt", "ours-nolocal", "ours"]
     arms.sort(key=lambda arm: known.index(arm) if arm in known else len(known))
     return {**document, "arms": arms, "sizes": sizes}
 

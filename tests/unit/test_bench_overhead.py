@@ -209,3 +209,32 @@ def test_a_rerun_of_one_size_replaces_only_that_size_and_keeps_each_sittings_dat
     assert _sittings(got, [got["sizes"]["tiny"], got["sizes"]["1gb"]]) == \
         "tiny: day 1, 3 repetitions; 1gb: day 2, 2 repetitions"
     assert bench_overhead.merged(str(tmp_path / "none.json"), new) is new
+
+
+def test_the_split_charges_each_part_to_the_arm_without_it_and_skips_unmeasured_parts():
+    from report.overhead import split_rows  # noqa: PLC0415
+
+    def pair(median):
+        return {"wall_mean_s": {"median": median, "min": median, "max": median, "n": 3}}
+
+    entry = {"size": "1gb", "paired": {"ours-nockpt vs ours-disabled": pair(0.07),
+                                        "ours-nolocal vs ours-nockpt": pair(0.1),
+                                        "ours vs ours-nolocal": pair(0.05)}}
+    rows = split_rows(entry)
+    assert [r[2] for r in rows] == ["ours-nockpt vs ours-disabled", "ours-nolocal vs ours-nockpt",
+                                    "ours vs ours-nolocal"]  # no torchrun arm: that part skipped
+    assert [r[3] for r in rows] == ["7.0%", "10.0%", "5.0%"]
+    assert split_rows({"size": "tiny", "paired": {}}) == []
+
+
+def test_the_nolocal_arm_saves_like_ours_with_the_local_tier_off():
+    from harness.spec import Workload  # noqa: PLC0415
+    from overhead.arms import SETTINGS  # noqa: PLC0415
+
+    ours, nolocal, nockpt = parse_arms(["ours", "ours-nolocal", "ours-nockpt"], {})
+    base = Workload(data_dir="/data", run_dir="/run")
+    setting = SETTINGS["1gb"]
+    assert nolocal.workload(base, setting).checkpoint_interval == setting.durable_every
+    assert nolocal.workload(base, setting).local_interval == 0
+    assert ours.workload(base, setting).local_interval == setting.local_every
+    assert nockpt.workload(base, setting).checkpoint_interval == 0

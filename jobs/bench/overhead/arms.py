@@ -8,7 +8,9 @@ and the per-size run lengths and checkpoint intervals.
   the local tier as the library's default runs it (`local_interval_steps="auto"`: the interval
   whose measured cost stays within 1% of step time, at every size);
 - ours-nockpt (not run by default): `ResilienceConfig.default()` with nothing saved, which
-  splits ours' cost between the recovery rungs' machinery and the checkpoint work.
+  splits ours' cost between the recovery rungs' machinery and the checkpoint work;
+- ours-nolocal (not run by default): ours' committed checkpoints with the local tier off, which
+  splits the checkpoint work between committed saves and the local tier.
 An arm `NAME@LABEL` runs mechanism NAME from the checkout given as `LABEL=PATH`: the same
 harness, another version of the library (before/after a change).
 """
@@ -21,8 +23,10 @@ import os
 from harness.launcher import BENCH_PATHS
 from harness.spec import LOCAL_AUTO, Workload
 
-CHECKPOINTING = ("ours",)
+CHECKPOINTING = ("ours", "ours-nolocal")
 """Mechanisms the benchmark runs with checkpoints; every other arm runs without."""
+NO_LOCAL = ("ours-nolocal",)
+"""Of those, the ones that run with the local tier off."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,7 +67,7 @@ class Arm:
         if self.mechanism not in CHECKPOINTING:
             return base.with_(checkpoint_interval=0, local_interval=0)
         return base.with_(checkpoint_interval=setting.durable_every,
-                          local_interval=setting.local_every)
+                          local_interval=0 if self.mechanism in NO_LOCAL else setting.local_every)
 
 
 def parse_arms(names: list[str], checkouts: dict[str, str]) -> list[Arm]:

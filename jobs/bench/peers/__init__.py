@@ -24,10 +24,12 @@ MECHANISMS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "nvrx-inprocess": ("nvrx_inprocess_peer", "NvrxInprocessPeer", {}),
     "ours-disabled": ("ours_peer", "OursPeer", {"variant": "disabled"}),
     "ours-nockpt": ("ours_peer", "OursPeer", {"variant": "nockpt"}),
+    "ours-nolocal": ("ours_peer", "OursPeer", {"variant": "nolocal"}),
 }
 #: What the recovery sweep runs by default: every mechanism but the overhead benchmark's split
-#: arms (`ours-disabled` recovers from nothing, `ours-nockpt` saves nothing).
-SWEPT = tuple(m for m in MECHANISMS if m not in ("ours-disabled", "ours-nockpt"))
+#: arms (`ours-disabled` recovers from nothing, `ours-nockpt` saves nothing, `ours-nolocal`
+#: keeps no local tier).
+SWEPT = tuple(m for m in MECHANISMS if m not in ("ours-disabled", "ours-nockpt", "ours-nolocal"))
 #: Mechanisms that train the same FSDP-sharded model with the same optimizer, world size and
 #: data: their final parameters must be bit-equal to each other's fault-free ones.
 FSDP_FAMILY = ("ours", "ours-spare", "ours-all", "torchrun", "ft-launcher", "ray-train")

@@ -1,4 +1,4 @@
-"""Ours: `ray_resilience.ResilientTrainer` as a user configures it, in five variants.
+"""Ours: `ray_resilience.ResilientTrainer` as a user configures it, in six variants.
 
 - ours: `ResilienceConfig.default(...)`: in-process restart for exceptions and hangs, failed
   ranks respawned (`InJobConfig(policy="replace-failed")`), async checkpoints through writer
@@ -10,7 +10,10 @@
   with nothing of ours beside them, the fault-free overhead benchmark's floor (no faults);
 - ours-nockpt: `ResilienceConfig.default()` with nothing saved (the overhead benchmark gives it
   no checkpoint interval and the local tier off): every recovery rung's machinery running, no
-  checkpoint work, which splits ours' fault-free cost between the two.
+  checkpoint work, which splits ours' fault-free cost between the two;
+- ours-nolocal: `ResilienceConfig.default()` with committed checkpoints and the local tier off
+  (the overhead benchmark gives it ours' checkpoint interval), which splits the checkpoint
+  work's cost between committed saves and the local tier.
 
 The train function is the peers' loop written against our public API: `load_checkpoint` once,
 `report(..., checkpoint=CheckpointState)` per step with the RNG state in `extra`. Faults fire
@@ -51,7 +54,7 @@ from ray_resilience.goodput import RunTimeline
 from ray_resilience.testing import FaultKind
 
 VARIANTS = {"default": {}, "spare": {"num_spares": 1}, "all": {"policy": "all"},
-            "disabled": None, "nockpt": {}}
+            "disabled": None, "nockpt": {}, "nolocal": {}}
 """Variant -> `InJobConfig` kwargs; None: `ResilienceConfig.disabled()`, no checkpoints."""
 #: Longest silence before an attempt's first step (import, model build, checkpoint load); the
 #: same as ft_launcher's initial heartbeat timeout.

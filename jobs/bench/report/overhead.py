@@ -14,6 +14,8 @@ CONFIGS = {
     "ours": "ResilienceConfig.default(): checkpoints every {durable} steps, local tier \"auto\"",
     "ours-nockpt": "ResilienceConfig.default() with nothing saved: every rung running, no "
                    "checkpoints, local tier off",
+    "ours-nolocal": "ResilienceConfig.default(): checkpoints every {durable} steps, local tier "
+                    "off",
 }
 BUDGET_VS_NONE = 0.01
 """Target: the defaults cost at most 1% per step against no resilience (ours-disabled)."""
@@ -118,6 +120,25 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+SPLIT = (
+    ("Ray hosting and our rank machinery", "ours-disabled", "torchrun"),
+    ("the recovery rungs' machinery", "ours-nockpt", "ours-disabled"),
+    ("committed checkpoints", "ours-nolocal", "ours-nockpt"),
+    ("the local tier", "ours", "ours-nolocal"),
+)
+"""Where ours' step cost goes: each part is an arm against the arm without that part."""
+
+
+def split_rows(entry: dict[str, Any]) -> list[list[str]]:
+    """The SPLIT parts measured at a size (both arms run in the same sitting)."""
+    rows = []
+    for part, arm, without in SPLIT:
+        got = _paired(entry, arm, without, "wall_mean_s")
+        if got:
+            rows.append([entry["size"], part, f"{arm} vs {without}", spread(got, pct)])
+    return rows
+
+
 def section(doc: dict[str, Any]) -> str:
     sizes = _sizes(doc)
     if not sizes:
@@ -139,6 +160,11 @@ def section(doc: dict[str, Any]) -> str:
                "configuration"],
               [_row(e, a) for e in sizes for a in arms if a in e["arms"]]), "",
         "Targets (paired medians of the mean step): " + "; ".join(verdicts(doc)) + ".", "",
+        "Where ours' extra step time goes: each part is the arm with it against the arm "
+        "without it (paired medians of the mean step, min-max over repetitions; sizes whose "
+        "sitting ran both arms):", "",
+        table(["size", "part", "arms", "mean step, more by"],
+              [row for e in sizes for row in split_rows(e)]), "",
         "Where ours' CPU and memory go (its first complete run per size), per process:", "",
         table(["size", "process", "count", "CPU per step", "share of a core", "RSS"],
               [row for e in sizes for row in _roles(e, "ours")]), "",
