@@ -155,6 +155,12 @@ def test_the_coordinators_long_poll_is_held_until_a_commit(ranks_with_slow_copy)
     assert answer["dropped"] == [] and answer["fenced"] is None
     # A caller that has not seen the commit is answered at once.
     assert ray.get(service.long_poll(now["cursor"], seen, 120), timeout=30)["latest"] == 3
+    # At the end of a run the supervisor has every held poll answered before it stops the
+    # coordinator (a call cut by the kill would be logged as failed).
+    held = service.long_poll(answer["cursor"], (now["incarnation"], 3), 120)
+    assert not ray.wait([held], timeout=1)[0]
+    service.release_polls()
+    assert ray.get(held, timeout=30)["latest"] == 3
 
 
 def wait_until(predicate, what: str, timeout_s: float = 60.0) -> None:

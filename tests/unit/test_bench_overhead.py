@@ -60,6 +60,17 @@ def test_a_step_logged_twice_counts_once_and_gaps_are_skipped(tmp_path) -> None:
     assert costs["wall_mean_s"] == pytest.approx((0.1 * 6 + 0.2) / 7)
 
 
+def test_the_late_mean_leaves_a_first_half_one_time_cost_out(tmp_path) -> None:
+    run = str(tmp_path)
+    events = _steps(0, 21, wall=0.1, thread=0.05, process=0.05)
+    for e in events[5:]:
+        e["t"] += 1.0  # step 6 paid a one-time second (a first save's allocation)
+    write_events(run, "rank0", events)
+    costs = run_costs(run, warmup=0)  # 20 intervals: the late mean is over the last 10
+    assert costs["wall_mean_s"] == pytest.approx(0.1 + 1.0 / 20)
+    assert costs["wall_late_mean_s"] == pytest.approx(0.1)
+
+
 def test_no_steps_means_no_costs(tmp_path) -> None:
     assert run_costs(str(tmp_path), warmup=0) is None
 
@@ -217,13 +228,14 @@ def test_the_split_charges_each_part_to_the_arm_without_it_and_skips_unmeasured_
     def pair(median):
         return {"wall_mean_s": {"median": median, "min": median, "max": median, "n": 3}}
 
-    entry = {"size": "1gb", "paired": {"ours-nockpt vs ours-disabled": pair(0.07),
+    entry = {"size": "1gb", "paired": {"ours-nockpt vs ours-disabled": pair(0.07),  # no 2nd half
                                         "ours-nolocal vs ours-nockpt": pair(0.1),
                                         "ours vs ours-nolocal": pair(0.05)}}
     rows = split_rows(entry)
     assert [r[2] for r in rows] == ["ours-nockpt vs ours-disabled", "ours-nolocal vs ours-nockpt",
                                     "ours vs ours-nolocal"]  # no torchrun arm: that part skipped
     assert [r[3] for r in rows] == ["7.0%", "10.0%", "5.0%"]
+    assert [r[4] for r in rows] == ["–"] * 3  # a sitting from before the second-half figure
     assert split_rows({"size": "tiny", "paired": {}}) == []
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import zlib
 
 import pytest
 
-from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience._internal.checkpoint.format import checksum, layout
 from ray_resilience._internal.checkpoint.format.commit import (
     Manifest,
     commit_step,
@@ -156,9 +158,40 @@ def test_tampered_manifest_is_refused(storage, edit, error):
         read_manifest(storage, step_dir)
 
 
-def test_manifest_round_trip():
-    manifest = Manifest(layout.StepDir(3, NEW), 2, {".metadata": FileDigest(1, 2)}, 12.5)
+@pytest.mark.parametrize("algorithm", ["crc32", "crc32c"])
+def test_manifest_round_trip(algorithm):
+    manifest = Manifest(layout.StepDir(3, NEW), 2, {".metadata": FileDigest(1, 2, algorithm)},
+                        12.5)
     assert Manifest.parse(manifest.to_bytes(), layout.StepDir(3, NEW), path="p") == manifest
+
+
+def _manifest(format_: str, entry: dict) -> bytes:
+    return json.dumps({"format": format_, "step": 3, "session": NEW, "world_size": 1,
+                       "committed_at": 1.0, "files": {".metadata": entry}}).encode()
+
+
+def test_a_manifest_of_the_first_format_still_reads():
+    raw = _manifest("ray_resilience.checkpoint/1", {"size": 2, "crc32": zlib.crc32(b"md")})
+    got = Manifest.parse(raw, layout.StepDir(3, NEW), path="p")
+    assert got.files[".metadata"] == FileDigest(2, zlib.crc32(b"md"), "crc32")
+
+
+@pytest.mark.parametrize("format_, entry, says", [
+    ("ray_resilience.checkpoint/9", {"size": 2, "crc32": 1}, "written by a newer"),
+    ("ray_resilience.checkpoint/2", {"size": 2, "sha7": 1}, "no checksum this version"),
+])
+def test_a_manifest_this_version_cannot_verify_is_refused_saying_why(format_, entry, says):
+    with pytest.raises(CheckpointCorruptError, match=says):
+        Manifest.parse(_manifest(format_, entry), layout.StepDir(3, NEW), path="p")
+
+
+def test_new_commits_name_their_checksum(storage):
+    step_dir = _fake_step(storage, 10, NEW, commit=True)
+    with open(storage.path(f"{step_dir.name}/manifest.json")) as f:
+        raw = json.load(f)
+    assert raw["format"] == layout.FORMAT_VERSION
+    assert set(raw["files"][".metadata"]) == {"size", checksum.CHECKSUM}
+    assert read_manifest(storage, step_dir).files[".metadata"].checksum == checksum.CHECKSUM
 
 
 def test_retrying_retries_transient_errors_only():

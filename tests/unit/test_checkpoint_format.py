@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.utils.serialization import config as serialization_config
 
-from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience._internal.checkpoint.format import checksum, layout
 from ray_resilience._internal.checkpoint.format.commit import commit_step, read_manifest
 from ray_resilience._internal.checkpoint.format.dcp_metadata import (
     build_metadata,
@@ -166,9 +167,14 @@ def storage(tmp_path) -> CheckpointStorage:
     return CheckpointStorage.for_run(str(tmp_path), "run")
 
 
-def test_stock_dcp_load_reads_our_checkpoint(storage):
+@pytest.mark.parametrize("zip_crc", [True, False], ids=["zip-crc", "as-writers-save"])
+def test_stock_dcp_load_reads_our_checkpoint(storage, zip_crc):
     model, optimizer = _trained(seed=1)
-    step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1})
+    # Writers leave torch.save's own zip CRC32 out (`skip_zip_crc`); stock loads never check it.
+    with serialization_config.patch({"save.compute_crc32": zip_crc}):
+        step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1})
+    manifest = read_manifest(storage, step_dir)
+    assert {d.checksum for d in manifest.files.values()} == {checksum.CHECKSUM}
     fresh_model, fresh_optim = _trained(seed=2)
     state = state_dict_of(fresh_model, fresh_optim)
     with warnings.catch_warnings():

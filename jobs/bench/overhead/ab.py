@@ -27,9 +27,9 @@ from ray_resilience.examples.token_data import generate_shards
 from .accounting import account
 from .arms import SETTINGS, Arm
 from .startup import SEGMENTS, split
-from .steps import FIELDS, run_costs
+from .steps import FIELDS, LATE, run_costs
 
-KINDS = tuple(f"{name}_{stat}_s" for name in FIELDS for stat in ("median", "mean"))
+KINDS = (*(f"{name}_{stat}_s" for name in FIELDS for stat in ("median", "mean")), LATE)
 RAY_START_TIMEOUT = "timed out during startup"
 """Ray's head gives its raylet a fixed 30 s to register: a loaded machine misses it."""
 START_TRIES = 3
@@ -102,7 +102,8 @@ def _arm_summary(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     mine = [r for r in runs if r["arm"] == name and r["costs"]]
     return {"ok": len(mine), "runs": sum(r["arm"] == name for r in runs),
             "load_average": summary([r["load_average_start"] for r in mine]),
-            **{kind: summary([r["costs"][kind] for r in mine]) for kind in KINDS},
+            **{kind: summary([r["costs"][kind] for r in mine if kind in r["costs"]])
+               for kind in KINDS},
             "startup": {name: summary([r["startup"][name] for r in mine if r["startup"]])
                         for name in (*SEGMENTS, "total")}}
 
@@ -121,7 +122,8 @@ def _paired(arms: list[Arm], runs: list[dict[str, Any]]) -> dict[str, Any]:
                 continue
             ratios = {kind: [rep[a.name][kind] / rep[b.name][kind] - 1.0
                              for rep in by_rep.values() if a.name in rep and b.name in rep
-                             and rep[b.name][kind]] for kind in KINDS}
+                             and rep[a.name].get(kind) is not None
+                             and rep[b.name].get(kind)] for kind in KINDS}
             out[f"{a.name} vs {b.name}"] = {
                 kind: {"median": statistics.median(v), "min": min(v), "max": max(v),
                        "n": len(v)} if v else None for kind, v in ratios.items()}

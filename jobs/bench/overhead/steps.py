@@ -15,6 +15,8 @@ from typing import Any
 from harness.events import read_events
 
 FIELDS = {"wall": "t", "thread_cpu": "thread_cpu_s", "process_cpu": "cpu_s"}
+LATE = "wall_late_mean_s"
+"""The mean wall time per step over the second half of the measured steps."""
 
 
 def rank_steps(run_dir: str) -> dict[int, list[dict[str, Any]]]:
@@ -39,7 +41,10 @@ def per_step(events: list[dict[str, Any]], warmup: int) -> dict[str, list[float]
 
 
 def run_costs(run_dir: str, warmup: int) -> dict[str, Any] | None:
-    """Median and mean seconds per step of each kind, averaged over ranks, plus per rank."""
+    """Median and mean seconds per step of each kind, averaged over ranks, plus per rank, and
+    the mean wall time per step over the second half of the measured steps (`wall_late_mean_s`:
+    one-time costs, such as the first saves' allocations or the prestarted worker's import,
+    fall in the first half of a run long enough for its saves to repeat)."""
     ranks = {r: per_step(ev, warmup) for r, ev in rank_steps(run_dir).items()}
     ranks = {r: d for r, d in ranks.items() if d["wall"]}
     if not ranks:
@@ -52,4 +57,6 @@ def run_costs(run_dir: str, warmup: int) -> dict[str, Any] | None:
         out[f"{name}_median_s"] = statistics.mean(statistics.median(d[name])
                                                   for d in ranks.values())
         out[f"{name}_mean_s"] = statistics.mean(statistics.mean(d[name]) for d in ranks.values())
+    out[LATE] = statistics.mean(statistics.mean(d["wall"][len(d["wall"]) // 2:])
+                                for d in ranks.values())
     return out

@@ -107,8 +107,11 @@ class ShardPayload:
 
 @dataclasses.dataclass(frozen=True)
 class FileDigest:
+    """A whole file's size and checksum (`value` of the algorithm `checksum` names)."""
+
     size: int
-    crc32: int
+    value: int
+    checksum: str = "crc32"
 
 
 @dataclasses.dataclass

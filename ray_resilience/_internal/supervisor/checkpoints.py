@@ -162,6 +162,18 @@ class RunCheckpoints:
         self._pending = None
         return self._absorb(ray.get(ref))
 
+    def _close_poll(self, service: CheckpointService) -> None:
+        """Has the open long poll answered, so no call is in flight when the service stops
+        (Ray would log the killed call as failed and retried)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            service.release_polls()
+            ray.get(pending[0], timeout=checkpoint_call_timeout_s())
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            pass  # its news are read again by the final poll
+
     def _open_poll(self, now: float) -> None:
         seen = (self._incarnation, self.last_commit)
         self._pending = (self.service.long_poll(self._cursor, seen, LONG_POLL_S), now)
@@ -201,6 +213,7 @@ class RunCheckpoints:
         if self.service is not None:
             service = self.service
             try:
+                self._close_poll(service)
                 service.drain(env_float(FINAL_SAVE_TIMEOUT_ENV_VAR, DEFAULT_FINAL_SAVE_TIMEOUT_S))
                 self.poll(force=True)
                 self._final_stats = service.stats()

@@ -8,10 +8,10 @@ import dataclasses
 import json
 import logging
 import time
-import zlib
 from collections.abc import Callable, Collection
+from typing import Any
 
-from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience._internal.checkpoint.format import checksum, layout
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.wire import FileDigest
 from ray_resilience.checkpoint.errors import CheckpointCorruptError
@@ -33,7 +33,8 @@ class Manifest:
             "format": layout.FORMAT_VERSION, "step": self.step_dir.step,
             "session": self.step_dir.session, "world_size": self.world_size,
             "committed_at": self.committed_at,
-            "files": {n: {"size": d.size, "crc32": d.crc32} for n, d in sorted(self.files.items())},
+            "files": {n: {"size": d.size, d.checksum: d.value}
+                      for n, d in sorted(self.files.items())},
         }, indent=1).encode()
 
     @classmethod
@@ -41,13 +42,14 @@ class Manifest:
         """Validates every field; names must be plain checkpoint file names."""
         try:
             raw = json.loads(bytes(data).decode())
-            if raw["format"] != layout.FORMAT_VERSION:
-                raise ValueError(f"unknown format {raw['format']!r}")
+            if raw["format"] not in layout.READABLE_FORMATS:
+                raise ValueError(f"unknown format {raw['format']!r} (this version reads "
+                                 f"{', '.join(layout.READABLE_FORMATS)}: written by a newer "
+                                 "ray_resilience?)")
             if (raw["step"], raw["session"]) != (step_dir.step, step_dir.session):
                 raise ValueError(f"describes step {raw['step']} session {raw['session']}, "
                                  f"not its folder {step_dir.name}")
-            files = {layout.check_file_name(name, where=path):
-                     FileDigest(int(d["size"]), int(d["crc32"]))
+            files = {layout.check_file_name(name, where=path): _digest(d)
                      for name, d in raw["files"].items()}
             world_size = int(raw["world_size"])
             if world_size < 1 or layout.METADATA_NAME not in files:
@@ -59,6 +61,15 @@ class Manifest:
             raise CheckpointCorruptError(path, f"malformed commit manifest ({exc})") from exc
 
 
+def _digest(entry: dict[str, Any]) -> FileDigest:
+    """A manifest's file entry: its size and one checksum this version can compute."""
+    for name, value in entry.items():
+        if name != "size" and checksum.known_checksum(name):
+            return FileDigest(int(entry["size"]), int(value), name)
+    raise ValueError(f"no checksum this version can verify in {sorted(entry)} (CRC-32C needs "
+                     "the crc32c package)")
+
+
 def commit_step(storage: CheckpointStorage, step_dir: layout.StepDir, *, world_size: int,
                 metadata: bytes, files: dict[str, FileDigest],
                 fence: Callable[[], None] | None = None) -> Manifest:
@@ -66,7 +77,8 @@ def commit_step(storage: CheckpointStorage, step_dir: layout.StepDir, *, world_s
     right before the manifest: it raises when this job may no longer commit (the run's lease)."""
     storage.write_atomic(f"{step_dir.name}/{layout.METADATA_NAME}", metadata)
     all_files = dict(files)
-    all_files[layout.METADATA_NAME] = FileDigest(len(metadata), zlib.crc32(metadata))
+    all_files[layout.METADATA_NAME] = FileDigest(
+        len(metadata), checksum.checksum(checksum.CHECKSUM, metadata), checksum.CHECKSUM)
     manifest = Manifest(step_dir, world_size, all_files, time.time())
     if fence is not None:
         fence()

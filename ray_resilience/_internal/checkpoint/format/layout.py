@@ -14,7 +14,10 @@ from ray_resilience.checkpoint.errors import UnsafeCheckpointError
 CHECKPOINTS_DIR = "checkpoints"
 MANIFEST_NAME = "manifest.json"
 METADATA_NAME = ".metadata"
-FORMAT_VERSION = "ray_resilience.checkpoint/1"
+FORMAT_VERSION = "ray_resilience.checkpoint/2"
+READABLE_FORMATS = ("ray_resilience.checkpoint/1", FORMAT_VERSION)
+"""Manifests this version reads: /1 lists a CRC32 per file, /2 the checksum it names (CRC-32C
+when the `crc32c` package is there)."""
 
 _STEP_DIR = re.compile(r"step_(\d{12,19})_([0-9a-f]{16})")
 _SESSION = re.compile(r"[0-9a-f]{16}")

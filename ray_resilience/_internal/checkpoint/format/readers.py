@@ -119,7 +119,7 @@ class StorageShardReader(_ReaderBase):
 
     def _parts(self, name: str, reqs: list[ReadItem]) -> Any:
         """`get(offset, length, fqn)` for the items of `name` this load needs: sliced from the
-        whole file (its CRC32 checked), or, when they are under half of it (a rank of a smaller
+        whole file (its checksum verified), or, when they are under half of it (a rank of a smaller
         world reading its share of another rank's file) and the step has an items file, read
         one by one and each checked against its CRC-32C."""
         where = self.storage.display(f"{self.folder}/{name}")

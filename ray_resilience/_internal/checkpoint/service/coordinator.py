@@ -61,6 +61,7 @@ class CommitCoordinator:
         self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self._counts = collections.Counter()
         self._round_cond = threading.Condition()
+        self._polls_released = threading.Event()
         self._rounds = RoundTable()
         self._node_id = ray.get_runtime_context().get_node_id()
         self._pool = WriterPool(storage=storage, config=config,
@@ -301,7 +302,8 @@ class CommitCoordinator:
         A long poll when `wait_s` > 0: answers once there is news against `seen` (the
         incarnation and newest commit the caller knows) or after `wait_s`, so an idle run costs
         one call per `wait_s` instead of one per poll interval. It checks in-process every
-        `NEWS_RECHECK_S` (no call, no lock held while it waits)."""
+        `NEWS_RECHECK_S` (no call, no lock held while it waits), and answers at once after
+        `release_polls`."""
         deadline = time.monotonic() + wait_s
         while True:
             dropped, next_cursor, total = self._dropped.since(cursor)
@@ -311,9 +313,14 @@ class CommitCoordinator:
                     "incarnation": self._incarnation}
             left = deadline - time.monotonic()
             if left <= 0 or seen is None or dropped or info["fenced"] is not None \
-                    or seen != (info["incarnation"], info["latest"]):
+                    or seen != (info["incarnation"], info["latest"]) \
+                    or self._polls_released.wait(min(NEWS_RECHECK_S, left)):
                 return info
-            time.sleep(min(NEWS_RECHECK_S, left))
+
+    def release_polls(self) -> None:
+        """Answers every waiting long poll now, and later ones at once (the run is ending: no
+        call may be in flight when the supervisor stops this actor)."""
+        self._polls_released.set()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -137,6 +137,10 @@ class CheckpointService:
         """`CommitCoordinator.poll`: newest commit, dropped saves from `cursor`, lease, restarts."""
         return ray.get(self._coordinator.poll.remote(cursor), timeout=checkpoint_call_timeout_s())
 
+    def release_polls(self) -> None:
+        """`CommitCoordinator.release_polls`: every long poll answers now."""
+        ray.get(self._coordinator.release_polls.remote(), timeout=checkpoint_call_timeout_s())
+
     def long_poll(self, cursor: int, seen: tuple[str | None, int | None],
                   wait_s: float) -> ray.ObjectRef:
         """`CommitCoordinator.poll` answering on news against `seen` or after `wait_s`: the

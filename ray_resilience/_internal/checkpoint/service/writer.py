@@ -152,7 +152,12 @@ class CheckpointWriter:
         if shard is None:
             return
         ticket, start = shard.ticket, time.time()
-        from ray_resilience._internal.checkpoint.format.shard_io import write_shard  # noqa: PLC0415 - imported by self._warm
+        from ray_resilience._internal.checkpoint.format.shard_io import (  # noqa: PLC0415 - imported by self._warm
+            skip_zip_crc,
+            write_shard,
+        )
+
+        skip_zip_crc()
 
         try:
             payload = ray.get(shard.boxed[0])
