@@ -250,3 +250,18 @@ def test_the_nolocal_arm_saves_like_ours_with_the_local_tier_off():
     assert nolocal.workload(base, setting).local_interval == 0
     assert ours.workload(base, setting).local_interval == setting.local_every
     assert nockpt.workload(base, setting).checkpoint_interval == 0
+
+
+def test_the_process_table_counts_a_truncated_role_with_its_full_name():
+    from report.overhead import _roles  # noqa: PLC0415
+
+    def proc(count, cpu):
+        return {"count": count, "cpu_s": cpu, "rss_bytes": 1e9 * count,
+                "cpu_per_step_s": cpu / 10, "core_share": cpu / 20}
+
+    entry = {"size": "200mb", "runs": [{"arm": "ours", "accounting": {"processes": {
+        "ray::WorkerActor": proc(1, 9.0), "ray::WorkerActo": proc(1, 8.0),
+        "ray::Supervisor": proc(1, 0.5)}}}]}
+    rows = _roles(entry, "ours")
+    assert [r[1:3] for r in rows] == [["ray::WorkerActor", "2"], ["ray::Supervisor", "1"]]
+    assert rows[0][3] == "1700 ms"

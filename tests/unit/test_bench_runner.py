@@ -84,6 +84,26 @@ def test_peak_memory_counts_private_memory_and_new_shared_memory_once(tmp_path) 
             os.unlink(shm)
 
 
+def test_a_process_keeps_its_full_role_once_only_its_truncated_name_shows(monkeypatch) -> None:
+    """An exiting process loses its command line and `role` falls back to the kernel's 15-character
+    name: the table must not list it apart from its siblings ("ray::WorkerActo")."""
+    from harness import resources  # noqa: PLC0415
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        meter = resources.Meter()
+        seen = []
+        for name in ["ray::WorkerActor", "ray::WorkerActo", "ray::IDLE", "ray::Supervisor"]:
+            monkeypatch.setattr(resources, "role", lambda proc, name=name: name)
+            meter.sample()  # never stop(): it would kill every descendant of the test process
+            seen.append(meter.processes[child.pid]["role"])
+        assert seen == ["ray::WorkerActor", "ray::WorkerActor", "ray::WorkerActor",
+                        "ray::Supervisor"]
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 def test_a_run_from_another_checkout_imports_that_checkouts_code(tmp_path, monkeypatch) -> None:
     """`--checkout LABEL=PATH` arms: the runner must import PATH's ray_resilience even when the
     benchmark is started from this checkout's root (`-m` would put the working directory first)."""

@@ -88,7 +88,8 @@ class Meter:
             with self._lock:
                 self._cpu[proc.pid] = max(self._cpu.get(proc.pid, 0.0), cpu_s)
                 entry = self.processes.setdefault(proc.pid, {"role": name, "samples": []})
-                entry["role"] = name if name != "ray::IDLE" else entry["role"]
+                if name != "ray::IDLE" and not _truncated(name, entry["role"]):
+                    entry["role"] = name
                 entry["samples"].append([round(time.time(), 3), cpu_s, rss])
         self._peak = max(self._peak, total)
         shared = max(0, shmem_bytes() - self._shmem_at_start)
@@ -112,6 +113,15 @@ def shmem_bytes() -> int:
             if line.startswith("Shmem:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+_COMM_MAX = 15
+"""The kernel's limit on a process name (`comm`): what `role` falls back to when a process that
+is exiting no longer shows its command line ("ray::WorkerActo")."""
+
+
+def _truncated(name: str, known: str) -> bool:
+    return len(name) == _COMM_MAX and known.startswith(name) and known != name
 
 
 def role(proc: psutil.Process) -> str:

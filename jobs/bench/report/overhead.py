@@ -67,12 +67,28 @@ def _row(entry: dict[str, Any], arm: str) -> list[str]:
             ms(cpu), mb(None if rss is None else rss / 1e6), config]
 
 
+_ADDITIVE = ("count", "cpu_s", "rss_bytes", "cpu_per_step_s", "core_share")
+
+
+def _untruncated(procs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Roles with a process listed under its kernel name cut to 15 characters (it exited while
+    sampled: sittings before the harness kept the full role) counted with the full role."""
+    out = {role: dict(p) for role, p in procs.items()}
+    for role in list(out):
+        full = [other for other in out if other != role and other.startswith(role)]
+        if len(role) == 15 and len(full) == 1:
+            cut = out.pop(role)
+            for key in _ADDITIVE:
+                out[full[0]][key] += cut[key]
+    return out
+
+
 def _roles(entry: dict[str, Any], arm: str) -> list[list[str]]:
     """Per process role of `arm`'s first complete run: count, CPU per step, share, RSS."""
     run = next((r for r in entry["runs"] if r["arm"] == arm and r.get("accounting")), None)
     if run is None:
         return []
-    procs = run["accounting"]["processes"]
+    procs = _untruncated(run["accounting"]["processes"])
     return [[entry["size"], role, str(p["count"]), ms(p["cpu_per_step_s"]), pct(p["core_share"]),
              mb(p["rss_bytes"] / 1e6)]
             for role, p in sorted(procs.items(), key=lambda kv: -kv[1]["cpu_s"])]
