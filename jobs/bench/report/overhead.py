@@ -67,6 +67,9 @@ def _row(entry: dict[str, Any], arm: str) -> list[str]:
             ms(cpu), mb(None if rss is None else rss / 1e6), config]
 
 
+COMM_MAX = 15
+"""The kernel's limit on a process name, which `harness.resources.role` falls back to for a process
+that is exiting (the report does not import the harness: rendering needs no psutil)."""
 _ADDITIVE = ("count", "cpu_s", "rss_bytes", "cpu_per_step_s", "core_share")
 
 
@@ -76,7 +79,7 @@ def _untruncated(procs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {role: dict(p) for role, p in procs.items()}
     for role in list(out):
         full = [other for other in out if other != role and other.startswith(role)]
-        if len(role) == 15 and len(full) == 1:
+        if len(role) == COMM_MAX and len(full) == 1:
             cut = out.pop(role)
             for key in _ADDITIVE:
                 out[full[0]][key] += cut[key]
