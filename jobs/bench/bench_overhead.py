@@ -4,7 +4,8 @@
     python jobs/bench/bench_overhead.py --sizes tiny,200mb,1gb --reps 5 --out docs/benchmarks
     python jobs/bench/bench_overhead.py --arms ours,ours@before --checkout before=/tmp/base
 
-Arms (`overhead/arms.py`): torchrun, ours-disabled, ours, each optionally from another checkout
+Arms (`overhead/arms.py`): torchrun, ours-disabled, ours by default; ours-nockpt, ours-nolocal
+and torchrun-dcp split the cost into its parts. Each optionally runs from another checkout
 (`NAME@LABEL` with `--checkout LABEL=PATH`) for before/after comparisons. Repetitions interleave
 the arms (`overhead/ab.py`); every run reports per-step wall time, training-thread CPU and rank
 process CPU (`overhead/steps.py`) with the load average. Writes `overhead.json` into --out; a
@@ -104,7 +105,7 @@ def merged(path: str, document: dict) -> dict:
     for entry in sizes.values():
         arms += [arm for arm in entry["arms"] if arm not in arms]
     # the page's row order
-    known = ["torchrun", "ours-disabled", "ours-nockpt", "ours-nolocal", "ours"]
+    known = ["torchrun", "torchrun-dcp", "ours-disabled", "ours-nockpt", "ours-nolocal", "ours"]
     arms.sort(key=lambda arm: known.index(arm) if arm in known else len(known))
     return {**document, "arms": arms, "sizes": sizes}
 

@@ -230,12 +230,14 @@ def test_the_split_charges_each_part_to_the_arm_without_it_and_skips_unmeasured_
 
     entry = {"size": "1gb", "paired": {"ours-nockpt vs ours-disabled": pair(0.07),  # no 2nd half
                                         "ours-nolocal vs ours-nockpt": pair(0.1),
+                                        "torchrun-dcp vs torchrun": pair(0.08),
                                         "ours vs ours-nolocal": pair(0.05)}}
     rows = split_rows(entry)
     assert [r[2] for r in rows] == ["ours-nockpt vs ours-disabled", "ours-nolocal vs ours-nockpt",
-                                    "ours vs ours-nolocal"]  # no torchrun arm: that part skipped
-    assert [r[3] for r in rows] == ["7.0%", "10.0%", "5.0%"]
-    assert [r[4] for r in rows] == ["–"] * 3  # a sitting from before the second-half figure
+                                    "torchrun-dcp vs torchrun", "ours vs ours-nolocal"]
+    # no ours-disabled vs torchrun pair: that part skipped
+    assert [r[3] for r in rows] == ["7.0%", "10.0%", "8.0%", "5.0%"]
+    assert [r[4] for r in rows] == ["–"] * 4  # a sitting from before the second-half figure
     assert split_rows({"size": "tiny", "paired": {}}) == []
 
 
@@ -243,13 +245,52 @@ def test_the_nolocal_arm_saves_like_ours_with_the_local_tier_off():
     from harness.spec import Workload  # noqa: PLC0415
     from overhead.arms import SETTINGS  # noqa: PLC0415
 
-    ours, nolocal, nockpt = parse_arms(["ours", "ours-nolocal", "ours-nockpt"], {})
+    ours, nolocal, nockpt, dcp, torchrun = parse_arms(
+        ["ours", "ours-nolocal", "ours-nockpt", "torchrun-dcp", "torchrun"], {})
     base = Workload(data_dir="/data", run_dir="/run")
     setting = SETTINGS["1gb"]
     assert nolocal.workload(base, setting).checkpoint_interval == setting.durable_every
     assert nolocal.workload(base, setting).local_interval == 0
     assert ours.workload(base, setting).local_interval == setting.local_every
     assert nockpt.workload(base, setting).checkpoint_interval == 0
+    # torchrun-dcp saves the steps ours-nolocal saves, with DCP async only; torchrun saves none
+    assert dcp.workload(base, setting) == nolocal.workload(base, setting)
+    assert torchrun.workload(base, setting).checkpoint_interval == 0
+
+
+def test_the_dcp_arm_is_torchrun_under_its_own_name_and_not_in_the_recovery_sweep():
+    from peers import MECHANISMS, SWEPT, family, make_peer  # noqa: PLC0415
+
+    peer = make_peer("torchrun-dcp", timeout_s=5.0)
+    assert type(peer).__name__ == "TorchrunPeer" and peer.name == "torchrun-dcp"
+    assert make_peer("torchrun").name == "torchrun"
+    assert "torchrun-dcp" in MECHANISMS and "torchrun-dcp" not in SWEPT
+    assert family("torchrun-dcp") == "fsdp"
+
+
+def test_the_write_probe_reports_cpu_and_wall_per_gb_and_leaves_nothing(tmp_path):
+    from sweep.machine import write_cost  # noqa: PLC0415
+
+    got = write_cost(str(tmp_path), nbytes=2**20)
+    assert got["folder"] == str(tmp_path) and got["bytes"] == 2**20
+    assert got["cpu_s_per_gb"] >= 0 and got["wall_s_per_gb"] > 0
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError):
+        write_cost(str(tmp_path / "missing"), nbytes=4096)
+
+
+def test_the_page_names_the_write_cost_of_each_sitting_that_measured_it():
+    from report.overhead import write_costs  # noqa: PLC0415
+
+    def probe(disk, shm):
+        return {"storage": {"cpu_s_per_gb": disk}, "tmpfs": {"cpu_s_per_gb": shm}}
+
+    sizes = [{"size": "tiny"},
+             {"size": "1gb", "write_cost": {"before": probe(7.5, 0.5), "after": probe(9.25, 0.45)}}]
+    text = write_costs(sizes)
+    assert "1gb 7.50 / 9.25 CPU-s per GB on the checkpoints' disk, 0.45 on /dev/shm" in text
+    assert "tiny" not in text
+    assert write_costs([{"size": "tiny"}]) == ""
 
 
 def test_the_process_table_counts_a_truncated_role_with_its_full_name():

@@ -21,6 +21,7 @@ from harness.sizes import size as size_of
 from harness.spec import PHASES_FILE, Workload
 from scoring.stats import summary
 from sweep.isolated import run_isolated
+from sweep.machine import write_cost
 
 from ray_resilience.examples.token_data import generate_shards
 
@@ -49,16 +50,28 @@ def run_size(size_name: str, arms: list[Arm], *, reps: int, work_dir: str,
     generate_shards(data, seq_len=size.seq_len, vocab_size=size.model.vocab_size)
     base = Workload(size=size_name, max_steps=setting.steps, world_size=2, data_dir=data,
                     run_dir=root, detect_timeout_s=size.detect_timeout_s)
+    costs = {"before": _write_costs(root)}
     runs: list[dict[str, Any]] = []
     for rep in range(reps):
         for arm in _rotated(arms, rep):
             runs.append(_one(arm, base, setting, rep, len(runs), root, timeout_s))
             log(_line(runs[-1]))
+    costs["after"] = _write_costs(root)
+    log(f"  writing a new file costs {costs['before']['storage']['cpu_s_per_gb']} / "
+        f"{costs['after']['storage']['cpu_s_per_gb']} CPU-s per GB on the checkpoints' disk "
+        f"(before / after), {costs['after']['tmpfs']['cpu_s_per_gb']} on /dev/shm")
     return {"size": size_name, "state_bytes_per_rank": size.state_bytes_per_rank,
+            "write_cost": costs,
             "steps": setting.steps, "warmup_steps": setting.warmup,
             "durable_every": setting.durable_every, "local_every": setting.local_every,
             "arms": {a.name: _arm_summary(a.name, runs) for a in arms},
             "paired": _paired(arms, runs), "runs": runs}
+
+
+def _write_costs(root: str) -> dict[str, Any]:
+    """The machine's cost of writing new files where the runs' checkpoints go (their run
+    folders under `root`) and on the local tier's tmpfs."""
+    return {"storage": write_cost(root), "tmpfs": write_cost("/dev/shm")}
 
 
 def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str,

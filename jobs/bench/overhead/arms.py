@@ -10,7 +10,11 @@ and the per-size run lengths and checkpoint intervals.
 - ours-nockpt (not run by default): `ResilienceConfig.default()` with nothing saved, which
   splits ours' cost between the recovery rungs' machinery and the checkpoint work;
 - ours-nolocal (not run by default): ours' committed checkpoints with the local tier off, which
-  splits the checkpoint work between committed saves and the local tier.
+  splits the checkpoint work between committed saves and the local tier;
+- torchrun-dcp (not run by default): the loop under torchrun saving the same steps as
+  ours-nolocal with DCP `async_save` in its fastest configuration (`harness.dcp_io`), no local
+  tier: what the same saves cost a torchrun user on this machine, so ours' committed-save cost
+  is read against the same work, not against no saves at all.
 An arm `NAME@LABEL` runs mechanism NAME from the checkout given as `LABEL=PATH`: the same
 harness, another version of the library (before/after a change).
 """
@@ -23,9 +27,9 @@ import os
 from harness.launcher import BENCH_PATHS
 from harness.spec import LOCAL_AUTO, Workload
 
-CHECKPOINTING = ("ours", "ours-nolocal")
+CHECKPOINTING = ("ours", "ours-nolocal", "torchrun-dcp")
 """Mechanisms the benchmark runs with checkpoints; every other arm runs without."""
-NO_LOCAL = ("ours-nolocal",)
+NO_LOCAL = ("ours-nolocal", "torchrun-dcp")
 """Of those, the ones that run with the local tier off."""
 
 

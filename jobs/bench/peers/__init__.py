@@ -25,14 +25,18 @@ MECHANISMS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "ours-disabled": ("ours_peer", "OursPeer", {"variant": "disabled"}),
     "ours-nockpt": ("ours_peer", "OursPeer", {"variant": "nockpt"}),
     "ours-nolocal": ("ours_peer", "OursPeer", {"variant": "nolocal"}),
+    "torchrun-dcp": ("torchrun_peer", "TorchrunPeer", {"name": "torchrun-dcp"}),
 }
-#: What the recovery sweep runs by default: every mechanism but the overhead benchmark's split
-#: arms (`ours-disabled` recovers from nothing, `ours-nockpt` saves nothing, `ours-nolocal`
-#: keeps no local tier).
-SWEPT = tuple(m for m in MECHANISMS if m not in ("ours-disabled", "ours-nockpt", "ours-nolocal"))
+#: The overhead benchmark's split arms (`ours-disabled` recovers from nothing, `ours-nockpt`
+#: saves nothing, `ours-nolocal` keeps no local tier, `torchrun-dcp` is torchrun whose arm in
+#: that benchmark saves with DCP async only, the same steps as `ours-nolocal`).
+OVERHEAD_ONLY = ("ours-disabled", "ours-nockpt", "ours-nolocal", "torchrun-dcp")
+#: What the recovery sweep runs by default: every mechanism but the overhead-only arms.
+SWEPT = tuple(m for m in MECHANISMS if m not in OVERHEAD_ONLY)
 #: Mechanisms that train the same FSDP-sharded model with the same optimizer, world size and
 #: data: their final parameters must be bit-equal to each other's fault-free ones.
-FSDP_FAMILY = ("ours", "ours-spare", "ours-all", "torchrun", "ft-launcher", "ray-train")
+FSDP_FAMILY = ("ours", "ours-spare", "ours-all", "torchrun", "ft-launcher", "ray-train",
+               "torchrun-dcp")
 #: Replicated-model mechanisms (torchft's replica groups): bit-equal to each other fault-free.
 REPLICA_FAMILY = ("torchft", "torchft-ckpt", "ray-train-torchft")
 #: Mechanisms whose faulty runs are not expected to equal a fault-free run (see torchft_peer).

@@ -44,8 +44,8 @@ class TorchrunPeer:
     config = (f"--monitor-interval 0.1; gloo timeout = detection timeout; {DCP_ASYNC}; "
               f"{NVRX_LOCAL}")
 
-    def __init__(self, *, timeout_s: float = 900.0) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, *, name: str = "torchrun", timeout_s: float = 900.0) -> None:
+        self.name, self.timeout_s = name, timeout_s
 
     def available(self) -> str | None:
         """None when it can run here, else why not."""

@@ -19,6 +19,9 @@ CONFIGS = {
                    "checkpoints, local tier off",
     "ours-nolocal": "ResilienceConfig.default(): checkpoints every {durable} steps, local tier "
                     "off",
+    "torchrun-dcp": "the loop under torchrun, DCP async_save every {durable} steps (thread "
+                    "checkpointer on its own gloo group, async staging into shared memory, plan "
+                    "caching; a save waits for the previous one), no local tier",
 }
 BUDGET_VS_NONE = 0.01
 """Target: the defaults cost at most 1% per step against no resilience (ours-disabled)."""
@@ -147,6 +150,7 @@ SPLIT = (
     ("Ray hosting and our rank machinery", "ours-disabled", "torchrun"),
     ("the recovery rungs' machinery", "ours-nockpt", "ours-disabled"),
     ("committed checkpoints", "ours-nolocal", "ours-nockpt"),
+    ("the same saves with DCP async under torchrun", "torchrun-dcp", "torchrun"),
     ("the local tier", "ours", "ours-nolocal"),
 )
 """Where ours' step cost goes: each part is an arm against the arm without that part."""
@@ -161,6 +165,25 @@ def split_rows(entry: dict[str, Any]) -> list[list[str]]:
             rows.append([entry["size"], part, f"{arm} vs {without}", spread(got, pct),
                          spread(_paired(entry, arm, without, LATE), pct)])
     return rows
+
+
+def write_costs(sizes: list[dict[str, Any]]) -> str:
+    """What writing new files cost the machine during each size's sitting (before / after its
+    runs), or "" when no sitting measured it."""
+    parts = []
+    for entry in sizes:
+        cost = entry.get("write_cost")
+        if cost:
+            disk = " / ".join(f"{cost[when]['storage']['cpu_s_per_gb']:.2f}"
+                              for when in ("before", "after"))
+            parts.append(f"{entry['size']} {disk} CPU-s per GB on the checkpoints' disk, "
+                         f"{cost['after']['tmpfs']['cpu_s_per_gb']:.2f} on /dev/shm")
+    if not parts:
+        return ""
+    return ("Writing a new file (`sweep/machine.py` `write_cost`, measured before and after each "
+            "size's runs) cost " + "; ".join(parts) + ". Every mechanism that saves writes new "
+            "files, so this is most of a committed save's CPU on this machine for ours and DCP "
+            "alike, and on 2 cores that CPU is taken from training.")
 
 
 def section(doc: dict[str, Any]) -> str:
@@ -193,6 +216,7 @@ def section(doc: dict[str, Any]) -> str:
         "sitting ran both arms):", "",
         table(["size", "part", "arms", "mean step, more by", "in the run's 2nd half"],
               [row for e in sizes for row in split_rows(e)]), "",
+        *([write_costs(sizes), ""] if write_costs(sizes) else []),
         "Where ours' CPU and memory go (its first complete run per size), per process:", "",
         table(["size", "process", "count", "CPU per step", "share of a core", "RSS"],
               [row for e in sizes for row in _roles(e, "ours")]), "",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import time
+import uuid
 from importlib import metadata
 from typing import Any
 
@@ -42,3 +44,33 @@ def describe(command: str) -> dict[str, Any]:
                     "load_average_at_start": round(os.getloadavg()[0], 2)},
         "versions": {p: _version(p) for p in PACKAGES},
     }
+
+
+WRITE_PROBE_BYTES = 256 * 2**20
+"""What `write_cost` writes: long enough to see a file system's per-byte cost, short enough
+(seconds on a slow disk) to run at the start and end of every size of a benchmark."""
+
+
+def write_cost(folder: str, nbytes: int = WRITE_PROBE_BYTES) -> dict[str, Any]:
+    """What writing a new file of `nbytes` into `folder` (then fsync) costs this process, per
+    GB: CPU seconds (user + system) and wall seconds. A checkpoint writes new files; on some
+    disks (this benchmark machine's virtual disk: ~7-10 CPU-s per GB) that, not the checkpoint
+    code, is most of a save's CPU, and every mechanism that saves pays it alike."""
+    data = memoryview(bytearray(b"\x5a" * nbytes))
+    path = os.path.join(folder, f".write-probe-{uuid.uuid4().hex}")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0, wall0 = usage.ru_utime + usage.ru_stime, time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        done = 0
+        while done < nbytes:
+            done += os.write(fd, data[done:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    per_gb = 1e9 / nbytes
+    return {"folder": folder, "bytes": nbytes,
+            "cpu_s_per_gb": round((usage.ru_utime + usage.ru_stime - cpu0) * per_gb, 3),
+            "wall_s_per_gb": round((time.perf_counter() - wall0) * per_gb, 3)}
