@@ -306,3 +306,20 @@ def test_the_process_table_counts_a_truncated_role_with_its_full_name():
     rows = _roles(entry, "ours")
     assert [r[1:3] for r in rows] == [["ray::WorkerActor", "2"], ["ray::Supervisor", "1"]]
     assert rows[0][3] == "1700 ms"
+
+
+def test_saves_committed_count_durable_saves_only_and_show_each_runs_count():
+    from overhead.ab import durable_saves  # noqa: PLC0415
+    from report.overhead import _saves  # noqa: PLC0415
+
+    timeline = {"saves": [{"step": 10, "tier": None}, {"step": 12, "tier": "local"},
+                          {"step": 20, "tier": "storage"}],
+                "commits": [{"step": 10, "tier": None}, {"step": 12, "tier": "local"}]}
+    assert durable_saves({"timeline": timeline}) == {"requested": 2, "committed": 1}
+    assert durable_saves({"timeline": None}) is None and durable_saves({}) is None
+    entry = {"runs": [{"arm": "ours", "durable_saves": {"requested": 2, "committed": 1}},
+                      {"arm": "ours", "durable_saves": {"requested": 2, "committed": 2}},
+                      {"arm": "ours", "durable_saves": None},
+                      {"arm": "torchrun", "durable_saves": {"requested": 0, "committed": 0}}]}
+    assert _saves(entry, "ours") == "1/2, 2/2"
+    assert _saves(entry, "torchrun") == "–"

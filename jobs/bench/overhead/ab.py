@@ -99,7 +99,23 @@ def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str
             "run_s": round(time.time() - t0, 1), "usage": result.get("usage"),
             "costs": costs, "startup": startup,
             "accounting": account(run_dir) if ok else None,
-            "local_interval_steps": _local_interval(run_dir), "run_dir": run_dir}
+            "local_interval_steps": _local_interval(run_dir),
+            "durable_saves": durable_saves(result), "run_dir": run_dir}
+
+
+DURABLE = (None, "storage")
+"""Timeline tiers of committed (durable) checkpoints; "local" is the node-local tier."""
+
+
+def durable_saves(result: dict[str, Any]) -> dict[str, int] | None:
+    """Committed checkpoints asked for and committed in a run (from its result's timeline), so
+    the page shows every saving arm did the same work: a save ours coalesced or dropped is work
+    it did not do. None for a run without a timeline."""
+    timeline = result.get("timeline")
+    if not timeline or not isinstance(timeline.get("saves"), list):
+        return None
+    return {kind: sum(1 for event in timeline[key] if event.get("tier") in DURABLE)
+            for kind, key in (("requested", "saves"), ("committed", "commits"))}
 
 
 def _local_interval(run_dir: str) -> int | None:

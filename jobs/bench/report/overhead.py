@@ -57,6 +57,15 @@ def _intervals(entry: dict[str, Any], arm: str) -> str:
     return ", ".join(map(str, chosen)) if chosen else NONE
 
 
+def _saves(entry: dict[str, Any], arm: str) -> str:
+    """Committed / requested durable saves of each run of `arm` (– for sittings before the
+    count, and for arms that save nothing)."""
+    counts = [r["durable_saves"] for r in entry["runs"]
+              if r["arm"] == arm and r.get("durable_saves")]
+    shown = sorted({f"{c['committed']}/{c['requested']}" for c in counts if c["requested"]})
+    return ", ".join(shown) if shown else NONE
+
+
 def _row(entry: dict[str, Any], arm: str) -> list[str]:
     s = entry["arms"][arm]
     cpu, rss = _totals(entry, arm)
@@ -66,7 +75,7 @@ def _row(entry: dict[str, Any], arm: str) -> list[str]:
             spread(_paired(entry, arm, "torchrun", "wall_mean_s")),
             spread(_paired(entry, arm, "ours-disabled", "wall_mean_s")),
             spread(_paired(entry, arm, "torchrun", LATE)),
-            _intervals(entry, arm), spread(s["startup"]["total"], sec),
+            _saves(entry, arm), _intervals(entry, arm), spread(s["startup"]["total"], sec),
             ms(cpu), mb(None if rss is None else rss / 1e6), config]
 
 
@@ -202,11 +211,14 @@ def section(doc: dict[str, Any]) -> str:
         "costs (the first saves' allocations, the prestarted worker's import of torch) are "
         "behind: closer to what a long run pays per step (– where the sitting predates it). "
         "Against: the median over repetitions of (arm / other - 1) with both runs from the same "
-        "repetition, which cancels most of the shared machine's drift. CPU and memory: every "
+        "repetition, which cancels most of the shared machine's drift. Saves committed: durable "
+        "checkpoints committed / asked for in each run (every saving arm must do the same "
+        "work). CPU and memory: every "
         "process the run started, summed, between two steps after the warm-up (CPU per training "
         "step; peak resident memory).", "",
         table(["size", "arm", "ok", "step, median", "step, mean", "vs torchrun",
-               "vs ours-disabled", "vs torchrun, 2nd half", "local interval", "start-up",
+               "vs ours-disabled", "vs torchrun, 2nd half", "saves committed", "local interval",
+               "start-up",
                "CPU per step", "RSS",
                "configuration"],
               [_row(e, a) for e in sizes for a in arms if a in e["arms"]]), "",
