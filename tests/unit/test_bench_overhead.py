@@ -269,12 +269,15 @@ def test_the_dcp_arm_is_torchrun_under_its_own_name_and_not_in_the_recovery_swee
 
 
 def test_the_write_probe_reports_cpu_and_wall_per_gb_and_leaves_nothing(tmp_path):
-    from sweep.machine import write_cost  # noqa: PLC0415
+    from sweep.machine import touch_cost, write_cost  # noqa: PLC0415
 
     got = write_cost(str(tmp_path), nbytes=2**20)
     assert got["folder"] == str(tmp_path) and got["bytes"] == 2**20
     assert got["cpu_s_per_gb"] >= 0 and got["wall_s_per_gb"] > 0
     assert list(tmp_path.iterdir()) == []
+    touched = touch_cost(nbytes=2**20)
+    assert touched["bytes"] == 2**20 and touched["first_cpu_s_per_gb"] >= 0
+    assert touched["again_cpu_s_per_gb"] >= 0
     with pytest.raises(FileNotFoundError):
         write_cost(str(tmp_path / "missing"), nbytes=4096)
 
@@ -288,7 +291,12 @@ def test_the_page_names_the_write_cost_of_each_sitting_that_measured_it():
     sizes = [{"size": "tiny"},
              {"size": "1gb", "write_cost": {"before": probe(7.5, 0.5), "after": probe(9.25, 0.45)}}]
     text = write_costs(sizes)
-    assert "1gb 7.50 / 9.25 CPU-s per GB on the checkpoints' disk, 0.45 on /dev/shm" in text
+    assert "1gb 7.50 / 9.25 CPU-s per GB on the checkpoints' disk, 0.45 on /dev/shm. " in text
+    sizes[1]["write_cost"]["before"]["memory"] = {"first_cpu_s_per_gb": 9.5}
+    sizes[1]["write_cost"]["after"]["memory"] = {"first_cpu_s_per_gb": 0.12,
+                                                 "again_cpu_s_per_gb": 0.05}
+    assert ("0.45 on /dev/shm, first touch of new memory 9.50 / 0.12 CPU-s per GB (again: "
+            "0.05)") in write_costs(sizes)
     assert "tiny" not in text
     assert write_costs([{"size": "tiny"}]) == ""
 
@@ -313,10 +321,14 @@ def test_saves_committed_count_durable_saves_only_and_show_each_runs_count():
     from report.overhead import _saves  # noqa: PLC0415
 
     timeline = {"saves": [{"step": 10, "tier": None}, {"step": 12, "tier": "local"},
-                          {"step": 20, "tier": "storage"}],
-                "commits": [{"step": 10, "tier": None}, {"step": 12, "tier": "local"}]}
-    assert durable_saves({"timeline": timeline}) == {"requested": 2, "committed": 1}
-    assert durable_saves({"timeline": None}) is None and durable_saves({}) is None
+                          {"step": 20, "tier": "storage"}, {"step": 30, "tier": None}],
+                "commits": [{"step": 10, "tier": None}, {"step": 12, "tier": "local"},
+                            {"step": 30, "tier": None}]}
+    # the save of the last step (30, after the measured steps) is left out
+    assert durable_saves({"timeline": timeline}, before_step=30) == {"requested": 2,
+                                                                     "committed": 1}
+    assert durable_saves({"timeline": None}, before_step=30) is None
+    assert durable_saves({}, before_step=30) is None
     entry = {"runs": [{"arm": "ours", "durable_saves": {"requested": 2, "committed": 1}},
                       {"arm": "ours", "durable_saves": {"requested": 2, "committed": 2}},
                       {"arm": "ours", "durable_saves": None},

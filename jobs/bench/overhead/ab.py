@@ -21,7 +21,7 @@ from harness.sizes import size as size_of
 from harness.spec import PHASES_FILE, Workload
 from scoring.stats import summary
 from sweep.isolated import run_isolated
-from sweep.machine import write_cost
+from sweep.machine import touch_cost, write_cost
 
 from ray_resilience.examples.token_data import generate_shards
 
@@ -59,7 +59,9 @@ def run_size(size_name: str, arms: list[Arm], *, reps: int, work_dir: str,
     costs["after"] = _write_costs(root)
     log(f"  writing a new file costs {costs['before']['storage']['cpu_s_per_gb']} / "
         f"{costs['after']['storage']['cpu_s_per_gb']} CPU-s per GB on the checkpoints' disk "
-        f"(before / after), {costs['after']['tmpfs']['cpu_s_per_gb']} on /dev/shm")
+        f"(before / after), {costs['after']['tmpfs']['cpu_s_per_gb']} on /dev/shm; first touch "
+        f"of new memory {costs['before']['memory']['first_cpu_s_per_gb']} / "
+        f"{costs['after']['memory']['first_cpu_s_per_gb']} CPU-s per GB")
     return {"size": size_name, "state_bytes_per_rank": size.state_bytes_per_rank,
             "write_cost": costs,
             "steps": setting.steps, "warmup_steps": setting.warmup,
@@ -70,8 +72,8 @@ def run_size(size_name: str, arms: list[Arm], *, reps: int, work_dir: str,
 
 def _write_costs(root: str) -> dict[str, Any]:
     """The machine's cost of writing new files where the runs' checkpoints go (their run
-    folders under `root`) and on the local tier's tmpfs."""
-    return {"storage": write_cost(root), "tmpfs": write_cost("/dev/shm")}
+    folders under `root`) and on the local tier's tmpfs, and of touching new memory."""
+    return {"storage": write_cost(root), "tmpfs": write_cost("/dev/shm"), "memory": touch_cost()}
 
 
 def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str,
@@ -100,21 +102,25 @@ def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str
             "costs": costs, "startup": startup,
             "accounting": account(run_dir) if ok else None,
             "local_interval_steps": _local_interval(run_dir),
-            "durable_saves": durable_saves(result), "run_dir": run_dir}
+            "durable_saves": durable_saves(result, before_step=setting.steps),
+            "run_dir": run_dir}
 
 
 DURABLE = (None, "storage")
 """Timeline tiers of committed (durable) checkpoints; "local" is the node-local tier."""
 
 
-def durable_saves(result: dict[str, Any]) -> dict[str, int] | None:
-    """Committed checkpoints asked for and committed in a run (from its result's timeline), so
-    the page shows every saving arm did the same work: a save ours coalesced or dropped is work
-    it did not do. None for a run without a timeline."""
+def durable_saves(result: dict[str, Any], *, before_step: int) -> dict[str, int] | None:
+    """Committed checkpoints asked for and committed in a run (from its result's timeline) at
+    the steps before `before_step`, so the page shows every saving arm did the same work while
+    it trained (a save ours coalesced or dropped is work it did not do; ours also saves the last
+    step, after the measured steps, which the launcher loop does not). None for a run without
+    a timeline."""
     timeline = result.get("timeline")
     if not timeline or not isinstance(timeline.get("saves"), list):
         return None
-    return {kind: sum(1 for event in timeline[key] if event.get("tier") in DURABLE)
+    return {kind: sum(1 for event in timeline[key]
+                      if event.get("tier") in DURABLE and event["step"] < before_step)
             for kind, key in (("requested", "saves"), ("committed", "commits"))}
 
 

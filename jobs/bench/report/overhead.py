@@ -185,14 +185,26 @@ def write_costs(sizes: list[dict[str, Any]]) -> str:
         if cost:
             disk = " / ".join(f"{cost[when]['storage']['cpu_s_per_gb']:.2f}"
                               for when in ("before", "after"))
+            memory = ""
+            if "memory" in cost["before"]:
+                first = " / ".join(f"{cost[when]['memory']['first_cpu_s_per_gb']:.2f}"
+                                   for when in ("before", "after"))
+                memory = (f", first touch of new memory {first} CPU-s per GB (again: "
+                          f"{cost['after']['memory']['again_cpu_s_per_gb']:.2f})")
             parts.append(f"{entry['size']} {disk} CPU-s per GB on the checkpoints' disk, "
-                         f"{cost['after']['tmpfs']['cpu_s_per_gb']:.2f} on /dev/shm")
+                         f"{cost['after']['tmpfs']['cpu_s_per_gb']:.2f} on /dev/shm{memory}")
     if not parts:
         return ""
-    return ("Writing a new file (`sweep/machine.py` `write_cost`, measured before and after each "
-            "size's runs) cost " + "; ".join(parts) + ". Every mechanism that saves writes new "
-            "files, so this is most of a committed save's CPU on this machine for ours and DCP "
-            "alike, and on 2 cores that CPU is taken from training.")
+    return ("What new files and new memory cost this machine (`sweep/machine.py` `write_cost` "
+            "and `touch_cost`, before / after each size's runs): " + "; ".join(parts) + ". "
+            "This virtual machine's host backs guest memory lazily: touching memory the guest "
+            "has not used lately (a new file's page cache, a fresh buffer) costs far more than "
+            "reusing it, and the cost swings with what ran before. On 2 cores that CPU is taken "
+            "from training, so a save costs here mostly by how much new memory it touches: DCP "
+            "async reuses its staging buffers, ours hands each save to its writer in a new "
+            "object-store object and keeps the newest one as the memory tier (a system-wide "
+            "profile of the 30 s after ours' first save at 1 GB: about half of all CPU samples "
+            "were the kernel zeroing new pages).")
 
 
 def section(doc: dict[str, Any]) -> str:
