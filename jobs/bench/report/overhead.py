@@ -197,14 +197,12 @@ def write_costs(sizes: list[dict[str, Any]]) -> str:
         return ""
     return ("What new files and new memory cost this machine (`sweep/machine.py` `write_cost` "
             "and `touch_cost`, before / after each size's runs): " + "; ".join(parts) + ". "
-            "This virtual machine's host backs guest memory lazily: touching memory the guest "
-            "has not used lately (a new file's page cache, a fresh buffer) costs far more than "
-            "reusing it, and the cost swings with what ran before. On 2 cores that CPU is taken "
-            "from training, so a save costs here mostly by how much new memory it touches: DCP "
+            "Both swing with what ran before: this virtual machine charges a first touch of "
+            "memory it has not used lately far more than a second. On 2 cores that CPU is taken "
+            "from training, so a save costs here mostly by the new memory it touches "
+            "(`overhead/profile_save.sh` profiles one save; docs/design.md, section 7): DCP "
             "async reuses its staging buffers, ours hands each save to its writer in a new "
-            "object-store object and keeps the newest one as the memory tier (a system-wide "
-            "profile of the 30 s after ours' first save at 1 GB: about half of all CPU samples "
-            "were the kernel zeroing new pages).")
+            "object-store object and keeps the newest as the memory tier.")
 
 
 def section(doc: dict[str, Any]) -> str:
