@@ -26,7 +26,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 
 from overhead.ab import run_size  # noqa: E402 - after the path set-up above
-from overhead.arms import SETTINGS, parse_arms  # noqa: E402
+from overhead.arms import PAGE_ARMS, SETTINGS, parse_arms  # noqa: E402
 from sweep import machine  # noqa: E402
 from sweep.results import read_json, write_json  # noqa: E402
 
@@ -104,9 +104,7 @@ def merged(path: str, document: dict) -> dict:
     arms = list(document["arms"])
     for entry in sizes.values():
         arms += [arm for arm in entry["arms"] if arm not in arms]
-    # the page's row order
-    known = ["torchrun", "torchrun-dcp", "ours-disabled", "ours-nockpt", "ours-nolocal", "ours"]
-    arms.sort(key=lambda arm: known.index(arm) if arm in known else len(known))
+    arms.sort(key=lambda arm: PAGE_ARMS.index(arm) if arm in PAGE_ARMS else len(PAGE_ARMS))
     return {**document, "arms": arms, "sizes": sizes}
 
 

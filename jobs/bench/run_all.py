@@ -1,4 +1,5 @@
-"""The whole benchmark in one command: recovery sweep, checkpoint benchmark, rendered page.
+"""The whole benchmark in one command: recovery sweep, checkpoint, fault-free overhead (every
+arm of the page) and recovery-tier benchmarks, rendered page.
 
     python jobs/bench/run_all.py                      # 3 sizes, 3 repetitions -> docs/benchmarks/
     python jobs/bench/run_all.py --quick              # tiny size, 1 repetition (a first look)
@@ -11,7 +12,8 @@ and 62 min at 200mb (30 steps, 43 runs) with one fault-free reference per mechan
 default of three reference repetitions adds 18 runs per size (~12 min at tiny, ~18 min at
 200mb, ~50 min at 1gb). 1gb is estimated at 2.5-3 h with one reference (43 runs of 3-4 min:
 12 steps of ~8 s, five recoveries of ~20 s, ~30 s start-up) and the checkpoint benchmark at
-~1.5 h, so the whole run takes 7-8 hours; --quick about 30 minutes. Nine mechanisms, three
+~1.5 h; the overhead benchmark with its six arms took 51 min at 1gb and 21 min at 200mb, so
+the whole run takes 8-9 hours; --quick about 40 minutes. Nine mechanisms, three
 repetitions and a start-up of 7-30 s per run put a floor of ~40 min under each size here. A
 size's sweep that must stop goes on later from its journal: `bench_recovery.py --stop-at HH:MM`
 and `--resume` (see its docstring).
@@ -32,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--sizes", default=None, help="passed to both benchmarks")
-    p.add_argument("--reps", default=None, help="passed to both benchmarks")
+    p.add_argument("--sizes", default=None, help="passed to every benchmark")
+    p.add_argument("--reps", default=None, help="passed to every benchmark that repeats runs "
+                                                "(the tier benchmark runs each plan once)")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
     args = p.parse_args(argv)
     out = os.path.relpath(os.path.abspath(args.out), ROOT)
@@ -41,8 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--sizes", args.sizes), ("--reps", args.reps)):
         if value:
             common += [flag, value]
+    sys.path.insert(0, BENCH)
+    from overhead.arms import PAGE_ARMS  # noqa: PLC0415 - jobs/bench is not a package
+
+    once = (["--quick"] if args.quick else []) + (["--sizes", args.sizes] if args.sizes else [])
     steps = [["jobs/bench/bench_recovery.py", *common, "--out", out],
              ["jobs/bench/bench_checkpoint.py", *common, "--out", out],
+             ["jobs/bench/bench_overhead.py", *common, "--arms", ",".join(PAGE_ARMS),
+              "--out", out],
+             ["jobs/bench/bench_tiers.py", *once, "--out", out],
              ["jobs/bench/render.py", "--results", out]]
     for step in steps:
         print("+ python " + " ".join(step), flush=True)

@@ -335,3 +335,19 @@ def test_saves_committed_count_durable_saves_only_and_show_each_runs_count():
                       {"arm": "torchrun", "durable_saves": {"requested": 0, "committed": 0}}]}
     assert _saves(entry, "ours") == "1/2, 2/2"
     assert _saves(entry, "torchrun") == "–"
+
+
+def test_run_all_reruns_every_page_benchmark_with_the_pages_arms(monkeypatch):
+    import run_all  # noqa: PLC0415
+    from overhead.arms import PAGE_ARMS  # noqa: PLC0415
+
+    calls = []
+    monkeypatch.setattr(run_all.subprocess, "call", lambda cmd, cwd: calls.append(cmd[1:]) or 0)
+    assert run_all.main(["--sizes", "tiny", "--reps", "2", "--out", "/tmp/rr-out"]) == 0
+    scripts = [c[0].rsplit("/", 1)[1] for c in calls]
+    assert scripts == ["bench_recovery.py", "bench_checkpoint.py", "bench_overhead.py",
+                       "bench_tiers.py", "render.py"]
+    overhead, tiers = calls[2], calls[3]
+    assert overhead[overhead.index("--arms") + 1] == ",".join(PAGE_ARMS)
+    assert overhead[overhead.index("--reps") + 1] == "2"
+    assert "--reps" not in tiers and tiers[tiers.index("--sizes") + 1] == "tiny"

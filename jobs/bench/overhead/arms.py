@@ -27,6 +27,8 @@ import os
 from harness.launcher import BENCH_PATHS
 from harness.spec import LOCAL_AUTO, Workload
 
+PAGE_ARMS = ("torchrun", "torchrun-dcp", "ours-disabled", "ours-nockpt", "ours-nolocal", "ours")
+"""Every arm, in the page's row order: what the docs' sittings run (`run_all.py`)."""
 CHECKPOINTING = ("ours", "ours-nolocal", "torchrun-dcp")
 """Mechanisms the benchmark runs with checkpoints; every other arm runs without."""
 NO_LOCAL = ("ours-nolocal", "torchrun-dcp")
