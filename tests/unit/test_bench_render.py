@@ -179,5 +179,5 @@ def test_the_overhead_section_judges_the_paired_mean_step_against_each_budget() 
         "200mb: vs no resilience 0.4% (target <= 1%: met); vs torchrun 3.5% (target <= 2%: missed)"]
     text = overhead.section(doc)
     ours = next(line for line in text.splitlines() if line.startswith("| 200mb | ours |"))
-    assert "| 3.5% | 0.4% | – | 7 |" in ours and "| 2000 MB |" in ours
+    assert "| 3.5% | 0.4% | – | – | 7 |" in ours and "| 2000 MB |" in ours
     assert "| 200mb | ray::RankActor | 2 | 200.0 ms | 90.0% | 2000 MB |" in text
