@@ -13,7 +13,8 @@ default of three reference repetitions adds 18 runs per size (~12 min at tiny, ~
 200mb, ~50 min at 1gb). 1gb is estimated at 2.5-3 h with one reference (43 runs of 3-4 min:
 12 steps of ~8 s, five recoveries of ~20 s, ~30 s start-up) and the checkpoint benchmark at
 ~1.5 h; the overhead benchmark with its six arms took 51 min at 1gb and 21 min at 200mb, so
-the whole run takes 8-9 hours; --quick about 40 minutes. Nine mechanisms, three
+the whole run takes 8-9 hours; --quick about 30 minutes plus the overhead benchmark's tiny
+sitting (18 runs of 30-50 s). Nine mechanisms, three
 repetitions and a start-up of 7-30 s per run put a floor of ~40 min under each size here. A
 size's sweep that must stop goes on later from its journal: `bench_recovery.py --stop-at HH:MM`
 and `--resume` (see its docstring).

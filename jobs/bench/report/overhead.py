@@ -177,8 +177,8 @@ def split_rows(entry: dict[str, Any]) -> list[list[str]]:
 
 
 def write_costs(sizes: list[dict[str, Any]]) -> str:
-    """What writing new files cost the machine during each size's sitting (before / after its
-    runs), or "" when no sitting measured it."""
+    """What writing new files (and, in later sittings, touching new memory) cost the machine
+    around each size's sitting (before / after its runs), or "" when no sitting measured it."""
     parts = []
     for entry in sizes:
         cost = entry.get("write_cost")
