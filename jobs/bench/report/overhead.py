@@ -199,8 +199,8 @@ def write_costs(sizes: list[dict[str, Any]]) -> str:
             "and `touch_cost`, before / after each size's runs): " + "; ".join(parts) + ". "
             "Both swing with what ran before: this virtual machine charges a first touch of "
             "memory it has not used lately far more than a second. On 2 cores that CPU is taken "
-            "from training, so a save costs here mostly by the new memory it touches "
-            "(`overhead/profile_save.sh` profiles one save; docs/design.md, section 7): DCP "
+            "from training; a profile of ours' first save at 1 GB found its cost mostly in the "
+            "new memory it touches (`overhead/profile_save.sh`; docs/design.md, section 7): DCP "
             "async reuses its staging buffers, ours hands each save to its writer in a new "
             "object-store object and keeps the newest as the memory tier.")
 

@@ -53,9 +53,9 @@ WRITE_PROBE_BYTES = 256 * 2**20
 
 def write_cost(folder: str, nbytes: int = WRITE_PROBE_BYTES) -> dict[str, Any]:
     """What writing a new file of `nbytes` into `folder` (then fsync) costs this process, per
-    GB: CPU seconds (user + system) and wall seconds. A checkpoint writes new files; on some
-    disks (this benchmark machine's virtual disk: ~7-10 CPU-s per GB) that, not the checkpoint
-    code, is most of a save's CPU, and every mechanism that saves pays it alike."""
+    GB: CPU seconds (user + system) and wall seconds. A checkpoint writes new files, and every
+    mechanism that saves pays what they cost; on this benchmark machine's virtual disk that
+    swings between a fraction of a CPU-second and ~10 per GB."""
     data = memoryview(bytearray(b"\x5a" * nbytes))
     path = os.path.join(folder, f".write-probe-{uuid.uuid4().hex}")
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -84,8 +84,7 @@ def touch_cost(nbytes: int = WRITE_PROBE_BYTES) -> dict[str, Any]:
     per save pays it, one that reuses its buffers pays it once."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = usage.ru_utime + usage.ru_stime
-    block = bytearray(nbytes)  # calloc: pages are zero-mapped until written
-    memoryview(block)[::4096] = b"\x01" * len(range(0, nbytes, 4096))
+    block = bytearray(nbytes)  # zero-filled: this is the first touch of every page
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu1 = usage.ru_utime + usage.ru_stime
     memoryview(block)[::4096] = b"\x02" * len(range(0, nbytes, 4096))
