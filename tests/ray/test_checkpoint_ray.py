@@ -69,6 +69,55 @@ def test_loading_restores_values_and_extra_from_memory(two_ranks):
     assert stats["committed_steps"] == [3] and stats["memory_bytes"] > 0
 
 
+def test_saves_travel_in_the_writers_reused_shared_memory(ray_session, tmp_path):
+    """Every save is copied by the writer from its rank's shared staging slot into a buffer of
+    its own, and the writer keeps the memory tier in it: after the first saves, a save reuses a
+    buffer (touches no new memory) instead of a new object. A load maps the memory tier from
+    the writer and gives it back; a rank on another node gets an object instead."""
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=1))
+    try:
+        for step in range(1, 6):
+            on_all(ranks, "train", 1)
+            assert all(on_all(ranks, "wait_idle"))
+            wait_committed(service, step)
+        expected = on_all(ranks, "save_then_mutate", 6)[0]
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 6)
+        writers = service.stats()["writers"]
+        pools = [w["buffers"] for w in writers]
+        assert sum(p["leased"] for p in pools) == 12, pools  # 6 saves of 2 ranks
+        # At most three per rank at once: in flight, durable but not committed, the memory tier.
+        assert sum(p["created"] for p in pools) <= 6 and sum(p["reused"] for p in pools) >= 6
+        # Each writer copied from its rank's shared slot: no copy by the rank, no object.
+        assert sum(w["pulled"] for w in writers) == 12, writers
+        assert not any(w["filled"] or w["copied"] or w["unmapped"] for w in writers), writers
+
+        loaded = on_all(ranks, "load")
+        assert [(r["step"], r["tier"]) for r in loaded] == [(6, "memory"), (6, "memory")]
+        assert_same(expected, on_all(ranks, "full_state")[0])
+        deadline = time.monotonic() + 60
+        while any(w["lent"] for w in service.stats()["writers"]):  # the loaders give it back
+            assert time.monotonic() < deadline, service.stats()["writers"]
+            time.sleep(0.05)
+        writers = service.stats()["writers"]
+        assert sum(w["memory_mapped"] for w in writers) == 2, writers  # no copy for a load here
+        assert not any(w["memory_objects"] for w in writers)
+
+        spec = service.rank_spec(0)
+        session = os.path.basename(step_folder(str(tmp_path), "run", 6)).split("_")[-1]
+        here = ray.get_runtime_context().get_node_id()
+        mapped = ray.get(spec.writer.memory_entry.remote(0, session, 6, here))
+        assert mapped.shm is not None and not mapped.boxed and mapped.lent
+        ray.get(spec.writer.return_lent.remote(mapped.lent))
+        elsewhere = ray.get(spec.writer.memory_entry.remote(0, session, 6, "another-node"))
+        assert elsewhere.shm is None and elsewhere.lent is None
+        copy = ray.get(elsewhere.boxed[0])
+        assert copy.nbytes == mapped.nbytes and copy.extra == mapped.shm[1].extra
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
 @pytest.mark.slow  # ~12 s; the local-tier test below restores killed ranks from writer memory
 def test_respawned_ranks_load_from_writer_memory(two_ranks):
     service, ranks, expected = two_ranks

@@ -73,8 +73,11 @@ class RankActor:
         return RankCheckpointer(spec, rank=self.rank, world_size=self.world_size,
                                 exporter=ray.get_runtime_context().current_actor)
 
-    def export_snapshot(self, export_id: str) -> Any:
-        return None if self.ckpt is None else self.ckpt.export_snapshot(export_id)
+    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
+        return None if self.ckpt is None else self.ckpt.export_snapshot(export_id, into)
+
+    def snapshot_taken(self, export_id: str) -> bool:
+        return self.ckpt is not None and self.ckpt.snapshot_taken(export_id)
 
     def _build(self, preset: str) -> None:
         self.model = build_model(preset, seed=0)

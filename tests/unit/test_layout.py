@@ -41,8 +41,10 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
      (f"{PACKAGE}._internal.checkpoint.rank",)),
     ("Checkpoint service actors: the commit coordinator and the writers.",
      (f"{PACKAGE}._internal.checkpoint.service",)),
-    ("The checkpoint format in storage and the messages between ranks and writers.",
-     (f"{PACKAGE}._internal.checkpoint.format", f"{PACKAGE}._internal.checkpoint.wire")),
+    ("The checkpoint format in storage, and the messages and shared memory between ranks and "
+     "writers.",
+     (f"{PACKAGE}._internal.checkpoint.format", f"{PACKAGE}._internal.checkpoint.wire",
+      f"{PACKAGE}._internal.checkpoint.shm")),
     ("torch.distributed process groups: abort blocked collectives, tear down, collect.",
      (f"{PACKAGE}._internal.process_groups",)),
     ("Goodput: the run timeline and what it is worth.", (f"{PACKAGE}.goodput",)),

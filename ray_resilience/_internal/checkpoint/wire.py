@@ -64,6 +64,8 @@ class SaveTicket:
     """Wall-clock time the training thread took the snapshot (save latency starts here)."""
     plan_id: str = ""
     """The save plan's id (`StateCache`): what a writer caches `items` and `planner_data` by."""
+    data_nbytes: int = 0
+    """The size of the snapshot's flat tensor array: the buffer a writer lends for it."""
 
     @property
     def dir_name(self) -> str:
@@ -83,6 +85,11 @@ class ShardPayload:
     spans: list[tuple[int, int]]
     blobs: list[bytes]
     extra: bytes
+    keep: Any = dataclasses.field(default=None, compare=False, repr=False)
+    """What `data` lives in while this payload does (a writer's `shm.Lease`); never pickled."""
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "keep": None}
 
     @classmethod
     def packed(cls, data: np.ndarray, sizes: list[int], blobs: list[bytes],
@@ -103,6 +110,16 @@ class ShardPayload:
     @property
     def nbytes(self) -> int:
         return sum(n for _, n in self.spans) + sum(map(len, self.blobs)) + len(self.extra)
+
+
+@dataclasses.dataclass
+class FilledPayload:
+    """A rank's answer to a writer that lent it a buffer (`shm.BufferHandle`): the snapshot's
+    tensor bytes are in the buffer now; the rest of its `ShardPayload` travels here."""
+
+    spans: list[tuple[int, int]]
+    blobs: list[bytes]
+    extra: bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,13 +162,21 @@ class ShardOutcome:
 
 @dataclasses.dataclass
 class MemoryEntry:
-    """A committed shard held by a writer: `boxed[0]` is the writer-owned payload object."""
+    """A committed shard held by a writer: `boxed[0]` is its `ShardPayload` (in the writer's
+    shared memory) or the writer-owned object-store object holding it. Sent to a loading rank,
+    the payload is replaced by `shm` (where on its node the rank maps the tensor bytes, and the
+    rest of the payload) or by an object."""
 
     session: str
     step: int
     items: list[WriteItem]
     boxed: list[Any]
     nbytes: int
+    shm: tuple[Any, FilledPayload] | None = None
+    """(`shm.BufferHandle`, the payload without its tensor bytes), on the wire to a rank on the
+    writer's node."""
+    lent: str | None = None
+    """The token the loader gives back (`CheckpointWriter.return_lent`) once it has read `shm`."""
 
 
 @dataclasses.dataclass(frozen=True)

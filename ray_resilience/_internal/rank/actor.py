@@ -82,9 +82,14 @@ class WorkerActor:
     def free_port(self) -> int:
         return self._worker.free_port()
 
-    def export_snapshot(self, export_id: str) -> Any:
-        """The checkpoint writer takes a snapshot: returned to it, the object is the writer's."""
-        return None if self._worker is None else self._worker.export_snapshot(export_id)
+    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
+        """The checkpoint writer takes a snapshot: copied into the buffer `into` it lends, or
+        returned to it (the object is the writer's then)."""
+        return None if self._worker is None else self._worker.export_snapshot(export_id, into)
+
+    def snapshot_taken(self, export_id: str) -> bool:
+        """The checkpoint writer copied a snapshot from this rank's shared memory."""
+        return self._worker is not None and self._worker.snapshot_taken(export_id)
 
     def interrupt(self, attempt: int) -> bool:
         return self._worker is not None and self._worker.interrupt(attempt)

@@ -159,11 +159,17 @@ class Worker:
             return cuda_health(0)
         return None
 
-    def export_snapshot(self, export_id: str) -> Any:
+    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
         """A snapshot offered to this rank's checkpoint writer, for the writer to take (None:
-        given up, or no checkpointer any more)."""
+        given up, or no checkpointer any more); `into`: a buffer the writer lends for it."""
         checkpointer = self._checkpointer
-        return None if checkpointer is None else checkpointer.export_snapshot(export_id)
+        return None if checkpointer is None else checkpointer.export_snapshot(export_id, into)
+
+    def snapshot_taken(self, export_id: str) -> bool:
+        """The writer copied the snapshot offered under `export_id` from shared memory; False
+        when this rank gave it up first (the copy may be torn)."""
+        checkpointer = self._checkpointer
+        return checkpointer is not None and checkpointer.snapshot_taken(export_id)
 
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

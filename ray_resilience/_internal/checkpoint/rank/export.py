@@ -1,11 +1,15 @@
 """How a claimed snapshot gets from a rank to its checkpoint writer.
 
-The writer pulls it. The rank offers the staged snapshot under an export id and sends the writer
-its ticket (`Writer.receive`); the writer asks the rank's actor for the snapshot
-(`export_snapshot`), which returns `SnapshotExports.export(export_id)`. An actor call's return
-value is owned by the caller, so the object is the writer's from the start: it outlives the rank
-(a Ray object dies with its owner) and the writer keeps it as it is, with no second copy of the
-state in the object store. The slot holding the snapshot stays busy until the writer took it.
+The writer pulls it, into a buffer of its own shared memory (`shm.py`, reused from save to save),
+so the snapshot outlives the rank and a save touches no new memory once the writer's buffers
+exist. The rank offers the staged snapshot under an export id and sends the writer its ticket
+(`Writer.receive`) with where its slot lies in shared memory (`staged`): the writer maps the
+slot and copies it, on its own thread. A slot that is not shared (pinned memory on GPU) or that
+the writer cannot map: the writer lends the rank a buffer and asks the rank's actor to fill it
+(`export_snapshot`, which runs `SnapshotExports.export(export_id, into)`); where the rank cannot
+map that buffer either (another node), `export` returns the whole snapshot: an actor call's
+return value is owned by the caller, so that object is the writer's from the start. The slot
+holding the snapshot stays busy until the writer took it.
 
 A pipeline built without an exporter (no rank actor to ask) puts the snapshot in the object store
 itself and frees the slot at once; the writer copies that object into one of its own, which
@@ -25,8 +29,10 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray_resilience._internal.checkpoint.rank.slots import Slot
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
+from ray_resilience._internal.checkpoint.shm import MAPS, BufferHandle
 from ray_resilience._internal.checkpoint.wire import (
     NEED_PLAN,
+    FilledPayload,
     SaveTicket,
     ShardOutcome,
     ShardPayload,
@@ -72,12 +78,22 @@ class SnapshotExports:
         self._offered[export_id] = payload
         return self.exporter, export_id
 
-    def send(self, ticket: SaveTicket, slot: Slot, boxed: list,
-             source: Source | None) -> ShardOutcome | None:
-        """Gives the writer the ticket and the snapshot (`box`, `offer`); None when it took it,
-        else the failed outcome. An offer ends here, taken or not, and frees its slot."""
+    @staticmethod
+    def staged(slot: Slot, payload: ShardPayload,
+               source: Source | None) -> tuple[BufferHandle, FilledPayload] | None:
+        """Where the writer maps `slot`'s snapshot, and the rest of it (None: the slot is not in
+        shared memory, or there is no exporter to keep the slot busy while the writer copies)."""
+        handle = slot.buffers.handle
+        if handle is None or source is None:
+            return None
+        return handle, FilledPayload(payload.spans, payload.blobs, payload.extra)
+
+    def send(self, ticket: SaveTicket, slot: Slot, boxed: list, source: Source | None,
+             staged: tuple[BufferHandle, FilledPayload] | None = None) -> ShardOutcome | None:
+        """Gives the writer the ticket and the snapshot (`box`, `offer`, `staged`); None when it
+        took it, else the failed outcome. An offer ends here, taken or not, and frees its slot."""
         try:
-            return self._receive(ticket, boxed, source)
+            return self._receive(ticket, boxed, source, staged)
         finally:
             if source is not None:
                 with self._cond:  # taken (the object is the writer's) or given up: free the slot
@@ -85,14 +101,33 @@ class SnapshotExports:
                     slot.release()
                     self._cond.notify_all()
 
-    def export(self, export_id: str) -> ShardPayload | None:
-        """The snapshot offered under `export_id` (the writer's call, through the rank actor;
-        what this returns becomes an object the writer owns); None when it was given up."""
+    def export(self, export_id: str,
+               into: BufferHandle | None = None) -> ShardPayload | FilledPayload | None:
+        """The snapshot offered under `export_id` (the writer's call, through the rank actor);
+        None when it was given up. With `into` (a buffer the writer lends) the tensor bytes are
+        copied there and the rest is returned; else, or where `into` cannot be mapped here, the
+        whole snapshot (what this returns becomes an object the writer owns). The slot stays
+        busy until `send` returns, so the bytes do not change while they are copied."""
         with self._cond:
-            return self._offered.pop(export_id, None)
+            payload = self._offered.get(export_id)
+            if payload is None or into is None or into.nbytes != payload.data.nbytes:
+                return self._offered.pop(export_id, None)
+        if not MAPS.fill(into, payload.data):
+            with self._cond:
+                return self._offered.pop(export_id, None)
+        with self._cond:  # given up while copying: the slot may have changed under the copy
+            return (None if self._offered.pop(export_id, None) is None
+                    else FilledPayload(payload.spans, payload.blobs, payload.extra))
 
-    def _receive(self, ticket: SaveTicket, boxed: list,
-                 source: Source | None) -> ShardOutcome | None:
+    def taken(self, export_id: str) -> bool:
+        """The writer copied the snapshot offered under `export_id` from its shared slot: the
+        offer ends. False when it was given up first: the slot may have changed during that
+        copy, which the writer then throws away."""
+        with self._cond:
+            return self._offered.pop(export_id, None) is not None
+
+    def _receive(self, ticket: SaveTicket, boxed: list, source: Source | None,
+                 staged: tuple[BufferHandle, FilledPayload] | None) -> ShardOutcome | None:
         """`Writer.receive`. The plan goes to a writer once; later tickets name it by id."""
         writer_id = self.link.writer_id
         plan = (writer_id, ticket.plan_id)
@@ -101,11 +136,11 @@ class SnapshotExports:
             if plan in self._writer_plans:
                 lean = dataclasses.replace(ticket, items=None, planner_data=None)
                 answer = ray.get(self.link.handle.receive.remote(dumps(lean), boxed,
-                                                                 source=source),
+                                                                 source=source, staged=staged),
                                  timeout=self.config.write_timeout_s)
             if answer == NEED_PLAN:
                 answer = ray.get(self.link.handle.receive.remote(dumps(ticket), boxed,
-                                                                 source=source),
+                                                                 source=source, staged=staged),
                                  timeout=self.config.write_timeout_s)
                 self._writer_plans.add(plan)
             if answer is not None and answer != NEED_PLAN:

@@ -30,6 +30,7 @@ from ray_resilience._internal.checkpoint.rank.slots import (
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.service.rounds import RoundResult
+from ray_resilience._internal.checkpoint.shm import MAPS
 from ray_resilience._internal.checkpoint.wire import SaveTicket, ShardOutcome
 from ray_resilience._internal.constants import (
     DEFAULT_VOTE_WAIT_S,
@@ -382,7 +383,8 @@ class HandoffPipeline:
     def _hand_off(self, slot: Slot, owned: tuple[bool, ...]) -> None:
         """Gives the writer the snapshot in `slot` (`SnapshotExports`: it takes it from this rank's
         actor, or copies the object this rank put); the waiter thread then waits until durable."""
-        ticket = dataclasses.replace(slot.ticket, owned=list(owned))
+        ticket = dataclasses.replace(slot.ticket, owned=list(owned),
+                                     data_nbytes=slot.buffers.data.nbytes)
         try:
             slot.wait_copied()  # on GPU the guard may have let the slot go before its copy ended
             payload = slot.buffers.payload(slot.blobs, slot.extra.encode())
@@ -397,8 +399,9 @@ class HandoffPipeline:
         with self.cond:
             source = self.exports.offer(ticket, slot, payload)
             self.writing = ticket
+        staged = self.exports.staged(slot, payload, source)
         del payload
-        outcome = self.exports.send(ticket, slot, boxed, source)
+        outcome = self.exports.send(ticket, slot, boxed, source, staged)
         if outcome is not None:
             self._finish_write(ticket, outcome)
             return
@@ -406,9 +409,9 @@ class HandoffPipeline:
             self._handed.append(ticket)
             self._handed_cond.notify()
 
-    def export(self, export_id: str) -> Any:
+    def export(self, export_id: str, into: Any = None) -> Any:
         """The snapshot offered to the writer under `export_id` (`SnapshotExports.export`)."""
-        return self.exports.export(export_id)
+        return self.exports.export(export_id, into)
 
 
     def _run_waiter(self) -> None:
@@ -455,6 +458,7 @@ class HandoffPipeline:
             self.cond.notify_all()
 
     def _replace_writer(self) -> None:
+        MAPS.clear()  # the dead writer's buffers: their memory goes once nothing maps them
         try:
             self.link.replace()
         except Exception as exc:  # noqa: BLE001 - retried at the next save

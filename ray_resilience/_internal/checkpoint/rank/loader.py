@@ -35,7 +35,14 @@ from ray_resilience._internal.checkpoint.rank.snapshot import (
     state_dict_of,
 )
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
-from ray_resilience._internal.checkpoint.wire import is_tensor_item, item_nbytes, layout_key
+from ray_resilience._internal.checkpoint.shm import MAPS, node_here
+from ray_resilience._internal.checkpoint.wire import (
+    MemoryEntry,
+    ShardPayload,
+    is_tensor_item,
+    item_nbytes,
+    layout_key,
+)
 from ray_resilience._internal.constants import checkpoint_call_timeout_s
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import (
@@ -190,12 +197,15 @@ def _try_step(target: LoadTarget, step_dir: layout.StepDir, holders: list[Any] |
 def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
                  state: dict) -> dict | None:
     try:
-        entry = ray.get(holder.memory_entry.remote(target.rank, step_dir.session, step_dir.step),
-                        timeout=checkpoint_call_timeout_s())
+        payload, entry = _memory_payload(target, step_dir, holder)
         if entry is None:
             return None
-        extra = _load_snapshot(target.model, target.optimizer, state, entry.items, entry.boxed[0],
-                               where=f"memory of {step_dir.name}")
+        try:
+            extra = _load_snapshot(target.model, target.optimizer, state, entry.items, payload,
+                                   where=f"memory of {step_dir.name}")
+        finally:
+            if entry.lent is not None:
+                holder.return_lent.remote(entry.lent)
         if extra is None:
             logger.info("rank %d: memory copy of step %d has another shard layout; reading storage",
                         target.rank, step_dir.step)
@@ -206,14 +216,35 @@ def _from_memory(target: LoadTarget, step_dir: layout.StepDir, holder: Any,
         return None
 
 
+def _memory_payload(target: LoadTarget, step_dir: layout.StepDir,
+                    holder: Any) -> tuple[Any, MemoryEntry | None]:
+    """This rank's shard of `step_dir` in `holder`'s memory: (its `ShardPayload`, mapped from
+    the writer's shared memory on this node, or the object holding it; the entry), or
+    (None, None) when the writer does not hold it."""
+    here = node_here()
+    for node_id in (here, None) if here is not None else (None,):
+        entry = ray.get(holder.memory_entry.remote(target.rank, step_dir.session,
+                                                   step_dir.step, node_id),
+                        timeout=checkpoint_call_timeout_s())
+        if entry is None or entry.shm is None:
+            return (None if entry is None else entry.boxed[0]), entry
+        handle, rest = entry.shm
+        data = MAPS.array(handle, writable=False)
+        if data is not None:
+            return ShardPayload(data, rest.spans, rest.blobs, rest.extra), entry
+        holder.return_lent.remote(entry.lent)  # not mappable here: ask for an object instead
+    return None, None
+
+
 def _load_snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict,
-                   items: list, payload_ref: Any, *, where: str) -> dict | None:
-    """Loads a snapshot (`items`, its `ShardPayload` in the object store) into `state`; its extra
-    state, or None when the layout differs (nothing is read then)."""
+                   items: list, payload: Any, *, where: str) -> dict | None:
+    """Loads a snapshot (`items`, its `ShardPayload` or the object holding it) into `state`;
+    its extra state, or None when the layout differs (nothing is read then)."""
     own, _ = capture(model, optimizer).build_items()
     if layout_key(own) != layout_key(items):
         return None
-    payload = ray.get(payload_ref, timeout=checkpoint_call_timeout_s())
+    if not isinstance(payload, ShardPayload):
+        payload = ray.get(payload, timeout=checkpoint_call_timeout_s())
     _dcp_load(state, MemoryShardReader(items, payload, where=where))
     return decode_extra(payload.extra, path=where)
 
@@ -281,9 +312,9 @@ def warm_restore_path(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     source = StateCache().source(model, optimizer)
     buffers = StagingBuffers(source.items, source.tensors)
     buffers.copy_now(source.tensors, list(range(len(source.tensors))))
-    ref = ray.put(buffers.payload(source.blobs, encode_extra({"step": 0})))
+    payload = buffers.payload(source.blobs, encode_extra({"step": 0}))
     state = state_dict_of(model, optimizer)
-    if _load_snapshot(model, optimizer, state, source.items, ref, where="warm-up") is None:
+    if _load_snapshot(model, optimizer, state, source.items, payload, where="warm-up") is None:
         raise RuntimeError("warm-up: the rebuilt save plan differs from the cached one")
     _apply(model, optimizer, state)
 

@@ -191,9 +191,13 @@ class RankCheckpointer:
         """The local tier's interval decisions since the last call, for the supervisor."""
         return self._schedule.take_events()
 
-    def export_snapshot(self, export_id: str) -> Any:
+    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
         """A snapshot this rank offered its writer (the writer's call; see SnapshotExports)."""
-        return self._pipeline.export(export_id)
+        return self._pipeline.export(export_id, into)
+
+    def snapshot_taken(self, export_id: str) -> bool:
+        """The writer copied a snapshot from this rank's shared slot (see SnapshotExports)."""
+        return self._pipeline.exports.taken(export_id)
 
     def take_guard_wait_s(self) -> float:
         """Seconds optimizer steps waited for snapshot copies since the last call."""

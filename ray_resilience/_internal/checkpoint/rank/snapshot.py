@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import io
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from torch.distributed.checkpoint.planner import WriteItem
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
+from ray_resilience._internal.checkpoint.shm import BufferHandle, SharedBuffer, node_here
 from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item, item_nbytes
 from ray_resilience.checkpoint.errors import CheckpointStateError
 
@@ -112,7 +114,9 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 class StagingBuffers:
-    """Host buffers reused across saves: views into one flat allocation, handed on as one array."""
+    """Host buffers reused across saves: views into one flat allocation, handed on as one array.
+    On CPU the allocation is shared memory (`shm.SharedBuffer`) that the node's writer maps and
+    copies from (`handle`); on GPU it is pinned memory, which the rank copies out itself."""
 
     ALIGN = 64
 
@@ -127,8 +131,15 @@ class StagingBuffers:
             n = item_nbytes(item)
             self.spans.append((at, n))
             at += -(-n // self.ALIGN) * self.ALIGN
-        self.flat = torch.empty(at, dtype=torch.uint8,
-                                pin_memory=any(src.is_cuda for src in sources))
+        self.shared: SharedBuffer | None = None
+        if any(src.is_cuda for src in sources) or not at:
+            self.flat = torch.empty(at, dtype=torch.uint8,
+                                    pin_memory=any(src.is_cuda for src in sources))
+        else:
+            self.shared = SharedBuffer(at, node_here())
+            with warnings.catch_warnings():  # the mapping is writable: torch's warning is moot
+                warnings.simplefilter("ignore")
+                self.flat = torch.frombuffer(self.shared.array, dtype=torch.uint8)
         self.buffers = [self._view(item, offset, n)
                         for item, (offset, n) in zip(tensor_items, self.spans, strict=True)]
         self.data: np.ndarray = self.flat.numpy()
@@ -139,6 +150,11 @@ class StagingBuffers:
         if not n:
             return torch.empty(shape, dtype=dtype)
         return self.flat[offset:offset + n].view(dtype).view(shape)
+
+    @property
+    def handle(self) -> BufferHandle | None:
+        """Where the node's writer maps these buffers (None: not shared, on GPU)."""
+        return None if self.shared is None else self.shared.handle
 
     def payload(self, blobs: list[bytes], extra: bytes) -> ShardPayload:
         """The snapshot as one flat array (and the byte items and extra state) for the writer."""

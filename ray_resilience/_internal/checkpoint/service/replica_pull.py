@@ -7,6 +7,7 @@ memory bandwidth training needs.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,17 +40,18 @@ class Pacer:
             self.slept_s += ahead
 
 
-def pull_replica(source: Any, rank: int, session: str, step: int, *,
-                 rate: float | None) -> ShardPayload | None:
-    """`rank`'s shard of (session, step) from writer `source` (its `replica_part`); None when
-    the source no longer holds it."""
+def pull_replica(source: Any, rank: int, session: str, step: int, *, rate: float | None,
+                 allocate: Callable[[int], np.ndarray] | None = None) -> ShardPayload | None:
+    """`rank`'s shard of (session, step) from writer `source` (its `replica_part`), its tensor
+    bytes in `allocate(length)` (a new array by default); None when the source no longer holds
+    it."""
     chunk = max(1, int(env_float(REPLICA_CHUNK_BYTES_ENV_VAR, DEFAULT_REPLICA_CHUNK_BYTES)))
     timeout = env_float(REPLICA_GET_TIMEOUT_ENV_VAR, DEFAULT_REPLICA_GET_TIMEOUT_S)
     layout = ray.get(source.replica_part.remote(rank, session, step, None), timeout=timeout)
     if layout is None:
         return None
     spans, blobs, extra, length = layout
-    data = np.empty(length, np.uint8)
+    data = np.empty(length, np.uint8) if allocate is None else allocate(length)
     pacer = Pacer(rate)
     for offset in range(0, length, chunk):
         n = min(chunk, length - offset)

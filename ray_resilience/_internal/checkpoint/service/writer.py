@@ -1,7 +1,8 @@
 """`CheckpointWriter`: the node-local writer actor.
 
-It copies a rank's snapshot into an object it owns, persists it in a thread, reports durability
-to the coordinator, keeps the newest committed shard as the memory tier, and holds replicas of
+It takes a rank's snapshot into a buffer of its own shared memory (`shm.py`: the rank copies it
+in; the buffers are reused from save to save), persists it in a thread, reports durability to
+the coordinator, keeps the newest committed shard as the memory tier, and holds replicas of
 other writers' shards (`hold_replica`).
 """
 
@@ -12,9 +13,11 @@ import logging
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import ray
 
 from ray_resilience._internal.checkpoint.format import commit, layout
@@ -23,11 +26,14 @@ from ray_resilience._internal.checkpoint.format.local_roots import RootLock, nod
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
 from ray_resilience._internal.checkpoint.service.replica_pull import pull_replica
 from ray_resilience._internal.checkpoint.service.warm_import import WarmImport, dumps
+from ray_resilience._internal.checkpoint.shm import MAPS, BufferHandle, BufferPool, Lease
 from ray_resilience._internal.checkpoint.wire import (
     NEED_PLAN,
+    FilledPayload,
     MemoryEntry,
     SaveTicket,
     ShardOutcome,
+    ShardPayload,
     ShardReport,
 )
 from ray_resilience._internal.constants import checkpoint_call_timeout_s
@@ -45,6 +51,7 @@ MAX_PLANS = 256
 class _Shard:
     ticket: SaveTicket
     boxed: list[Any]
+    """The snapshot: its `ShardPayload` in this writer's shared memory, or an object it owns."""
     nbytes: int
     durable: bool = False
     report: tuple[str, float, bytes] | None = None
@@ -71,8 +78,20 @@ class CheckpointWriter:
         self._commit_seq = 0
         """The newest commit heard of: threaded calls may run out of order."""
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
-        self._counts = {"received": 0, "copied": 0, "durable": 0, "failed": 0, "retries": 0,
-                        "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0}
+        self._node_id = ray.get_runtime_context().get_node_id()
+        self._buffers = BufferPool(self._node_id)
+        """The shared memory snapshots are handed over in and the memory tier is kept in."""
+        self._lent: dict[str, tuple[ShardPayload, float]] = {}
+        """Memory-tier payloads a loading rank is reading, by token, until when at the latest."""
+        self._counts = {"received": 0, "pulled": 0, "filled": 0, "copied": 0, "unmapped": 0,
+                        "durable": 0, "failed": 0, "retries": 0, "replicas_sent": 0,
+                        "replicas_held": 0, "replicas_refused": 0, "memory_mapped": 0,
+                        "memory_objects": 0}
+        """How snapshots came in: pulled (copied here from the rank's shared slot), filled (the
+        rank copied into a buffer lent to it), copied (an object put by a rank, copied here),
+        unmapped (the rank could not map the buffer lent to it and returned an object);
+        memory_mapped / memory_objects: memory-tier shards lent to a loader on this node /
+        copied into an object for one elsewhere."""
         self._last_error: str | None = None
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
@@ -85,7 +104,7 @@ class CheckpointWriter:
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(), "priority": self.priority,
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": self._node_id}
 
     def remove_local_root(self) -> None:
         """The run ended: removes the local-tier snapshots of this node's ranks."""
@@ -97,13 +116,16 @@ class CheckpointWriter:
         self._warm.wait()
         return True
 
-    def receive(self, message: bytes, boxed: list[Any],
-                source: tuple[Any, str] | None = None) -> str | None:
+    def receive(self, message: bytes, boxed: list[Any], source: tuple[Any, str] | None = None,
+                staged: tuple[BufferHandle, FilledPayload] | None = None) -> str | None:
         """Takes a rank's pickled `SaveTicket` and its snapshot, and queues the write. The
-        snapshot is `source`'s (the rank's actor and an export id): asked for here, it is an
-        object this writer owns, kept as it is; or the object in `boxed`, which the rank owns
-        and which is copied into one of ours (it would vanish with the rank). Returns None when
-        taken, `NEED_PLAN` (taking nothing) when the ticket names an unknown plan, else why the
+        snapshot is in the rank's slot, which `staged` says where to map: copied from there
+        into a buffer of ours; else it is `source`'s (the rank's actor and an export id): asked
+        for here, the rank copies it into a buffer this writer lends (or, where it cannot map
+        it, returns it as an object this writer owns, kept as it is); else the object in `boxed`,
+        which the rank owns and which is copied into a buffer of ours (it would vanish with the
+        rank). The rank keeps the slot as it is until this returns. Returns None when taken,
+        `NEED_PLAN` (taking nothing) when the ticket names an unknown plan, else why the
         snapshot could not be taken."""
         ticket: SaveTicket = self._warm.loads(message)
         plan_key = (ticket.rank, ticket.plan_id)
@@ -117,24 +139,59 @@ class CheckpointWriter:
                 ticket.items, ticket.planner_data = self._plans[plan_key]
             else:
                 return NEED_PLAN
-        if source is not None:
+        self._expire_lent()
+        slot = None
+        if staged is not None and source is not None:
+            slot = MAPS.array(staged[0], writable=False)
+        if slot is not None:
             rank_actor, export_id = source
-            own = rank_actor.export_snapshot.remote(export_id)  # a return value: ours
+            filled = staged[1]
+            lease = self._buffers.take(ticket.rank, slot.nbytes)
+            np.copyto(lease.array, slot)
+            del slot
             try:
-                payload = ray.get(own, timeout=checkpoint_call_timeout_s())  # maps it: no copy
+                taken = ray.get(rank_actor.snapshot_taken.remote(export_id),
+                                timeout=checkpoint_call_timeout_s())
             except Exception as exc:  # noqa: BLE001 - this save is lost, the rank is told why
                 return (f"writer {self.writer_id} could not take rank {ticket.rank}'s snapshot "
                         f"of step {ticket.step}: {type(exc).__name__}: {exc}")
-            if payload is None:
+            if not taken:
+                return (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up while "
+                        f"writer {self.writer_id} copied it")
+            own = ShardPayload(lease.array, filled.spans, filled.blobs, filled.extra, keep=lease)
+            payload = None
+            with self._cond:
+                self._counts["pulled"] += 1
+        elif source is not None:
+            rank_actor, export_id = source
+            lease = self._buffers.take(ticket.rank, ticket.data_nbytes)
+            answer = rank_actor.export_snapshot.remote(export_id, lease.handle)
+            try:
+                got = ray.get(answer, timeout=checkpoint_call_timeout_s())
+            except Exception as exc:  # noqa: BLE001 - this save is lost, the rank is told why
+                return (f"writer {self.writer_id} could not take rank {ticket.rank}'s snapshot "
+                        f"of step {ticket.step}: {type(exc).__name__}: {exc}")
+            if got is None:
                 return (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up before "
                         f"writer {self.writer_id} took it")
+            if isinstance(got, FilledPayload):
+                own = ShardPayload(lease.array, got.spans, got.blobs, got.extra, keep=lease)
+                with self._cond:
+                    self._counts["filled"] += 1
+            else:  # the rank could not map our buffer: the returned object is ours, kept as is
+                own = answer
+                with self._cond:
+                    self._counts["unmapped"] += 1
+            payload = got
         else:
             payload = ray.get(boxed[0])
-            own = ray.put(payload)
+            lease = self._buffers.take(ticket.rank, payload.data.nbytes)
+            np.copyto(lease.array, payload.data)
+            own = ShardPayload(lease.array, payload.spans, payload.blobs, payload.extra, keep=lease)
             with self._cond:
                 self._counts["copied"] += 1
-        nbytes = payload.nbytes
-        del payload, boxed
+        nbytes = own.nbytes if isinstance(own, ShardPayload) else payload.nbytes
+        del payload, boxed, lease
         with self._cond:
             for key in [k for k in self._shards
                         if k[2] == ticket.rank and not self._shards[k].durable]:
@@ -160,7 +217,7 @@ class CheckpointWriter:
         skip_zip_crc()
 
         try:
-            payload = ray.get(shard.boxed[0])
+            payload = _payload_of(shard.boxed[0])
             files, written, infos = self._retrying(
                 lambda: write_shard(self.storage, ticket, payload),
                 f"writing rank {ticket.rank}'s shard of step {ticket.step}")
@@ -325,10 +382,16 @@ class CheckpointWriter:
                     self._over_budget(f"the replica of rank {rank}'s step {step}", nbytes)
                 self._counts["replicas_refused"] += 1
                 return False
+        leases: list[Lease] = []
+
+        def allocate(nbytes: int) -> np.ndarray:
+            leases.append(self._buffers.take(("replica", rank), nbytes))
+            return leases[-1].array
+
         try:
             entry_items = self._warm.loads(items)
             payload = pull_replica(source, rank, session, step,
-                                   rate=self.config.replica_bytes_per_s)
+                                   rate=self.config.replica_bytes_per_s, allocate=allocate)
         except Exception as exc:  # noqa: BLE001 - storage remains the fallback
             logger.warning("writer %s: no replica of rank %d's step %d (%s: %s)", self.writer_id,
                            rank, step, type(exc).__name__, exc)
@@ -336,8 +399,10 @@ class CheckpointWriter:
         if payload is None:
             self._counts["replicas_refused"] += 1
             return False
-        own = ray.put(payload)
+        payload.keep = leases[0]
+        own = payload
         del payload
+        leases.clear()
         with self._cond:
             if seq < self._commit_seq or not self._fits(rank, nbytes, self._replicas):
                 self._counts["replicas_refused"] += 1
@@ -356,20 +421,52 @@ class CheckpointWriter:
             entry = self._memory.get(rank)
             if entry is None or (entry.session, entry.step) != (session, step):
                 return None
-            ref = entry.boxed[0]
-        payload = ray.get(ref)
+            held = entry.boxed[0]
+        payload = _payload_of(held)
         if offset is None:
             return payload.spans, payload.blobs, payload.extra, len(payload.data)
         return payload.data[offset:offset + length]
 
-    def memory_entry(self, rank: int, session: str, step: int) -> MemoryEntry | None:
-        """`rank`'s shard of committed (session, step) if held in memory (own or replica)."""
+    def memory_entry(self, rank: int, session: str, step: int,
+                     node_id: str | None = None) -> MemoryEntry | None:
+        """`rank`'s shard of committed (session, step) if held in memory (own or replica), for a
+        rank on node `node_id` to load: on this node, where in this writer's shared memory it
+        is (lent until `return_lent` or a timeout, so no save reuses it meanwhile); elsewhere,
+        in an object (a copy)."""
         with self._cond:
             for held in (self._memory, self._replicas):
                 entry = held.get(rank)
                 if entry is not None and (entry.session, entry.step) == (session, step):
-                    return entry
-            return None
+                    break
+            else:
+                return None
+        payload = entry.boxed[0]
+        if not isinstance(payload, ShardPayload):  # an object-store object
+            return entry
+        rest = FilledPayload(payload.spans, payload.blobs, payload.extra)
+        if node_id == self._node_id and isinstance(payload.keep, Lease):
+            token = uuid.uuid4().hex
+            with self._cond:
+                self._lent[token] = (payload, time.monotonic() + 4 * checkpoint_call_timeout_s())
+                self._counts["memory_mapped"] += 1
+            return dataclasses.replace(entry, boxed=[], shm=(payload.keep.handle, rest),
+                                       lent=token)
+        copy = ShardPayload(payload.data, rest.spans, rest.blobs, rest.extra)
+        with self._cond:
+            self._counts["memory_objects"] += 1
+        return dataclasses.replace(entry, boxed=[ray.put(copy)])
+
+    def return_lent(self, token: str) -> None:
+        """A loading rank has read the memory-tier shard `memory_entry` lent it."""
+        with self._cond:
+            self._lent.pop(token, None)
+
+    def _expire_lent(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            expired = [t for t, (_, until) in self._lent.items() if until < now]
+            gone = [self._lent.pop(t) for t in expired]
+        del gone  # outside the condition: a buffer given back takes the pool's lock
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
@@ -378,7 +475,13 @@ class CheckpointWriter:
                 "memory_tier_bytes": sum(e.nbytes for e in self._memory.values()),
                 "replica_bytes": sum(e.nbytes for e in self._replicas.values()),
                 "in_flight_bytes": sum(s.nbytes for s in self._shards.values() if s.boxed),
+                "buffers": self._buffers.stats(), "lent": len(self._lent),
                 "memory_tier_steps": {r: e.step for r, e in self._memory.items()},
                 "replica_steps": {r: e.step for r, e in self._replicas.items()},
                 "in_flight": sorted([list(k) for k in self._shards]),
             }
+
+
+def _payload_of(held: Any) -> ShardPayload:
+    """A held snapshot's payload: itself (in this writer's shared memory) or its object's."""
+    return held if isinstance(held, ShardPayload) else ray.get(held)

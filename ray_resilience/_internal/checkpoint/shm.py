@@ -1,0 +1,235 @@
+"""Shared memory between the ranks and the checkpoint writer of a node, reused from save to save.
+
+A save hands the rank's snapshot to its writer, and the writer keeps the newest committed one as
+the memory tier. Handed over in a new object-store object each time, every save touched about
+its state size of memory not used before, which a virtual machine may charge up to ~80x a reused
+page (docs/design.md, section 7), and the rank paid a memcpy into it. Here both sides hold
+`SharedBuffer`s (`memfd_create`: anonymous shared memory that lives while a process holds its
+file or a mapping, and never shows up in a folder, so nothing is left behind when they die): a
+rank's staging slots (`rank/snapshot.py`) and a pool of buffers per rank in the writer
+(`BufferPool`). The writer maps the rank's slot and copies the snapshot into one of its buffers
+on its own, lower-priority thread; a buffer goes back to the pool when nothing uses it any more
+(the shard was written and, with the memory tier, a newer commit replaced it) and the next save
+of that rank reuses it. Where the slot is not shared (pinned memory on GPU) the rank copies into
+the buffer the writer lends (`BufferMaps.fill`).
+
+A process on the same node maps another's buffer through `/proc/<pid>/fd/<fd>` and checks that
+the file it opened is the buffer (device, inode and size); anything else (another node, another
+pid namespace) refuses and the caller takes the object-store path.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import mmap
+import os
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+import ray
+
+MAX_FREE_PER_KEY = 1
+"""Idle buffers a writer keeps per rank for the next save (more are closed)."""
+MAX_MAPS_PER_OWNER = 4
+"""Buffers of one other process that a process keeps mapped: a rank maps at most three of its
+writer's (the save in flight, a durable save waiting for its commit, the memory tier), a writer
+two slots of each rank."""
+MAX_MAPS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferHandle:
+    """Where a process on the writer's node finds one of its buffers (picklable)."""
+
+    node_id: str
+    pid: int
+    fd: int
+    dev: int
+    ino: int
+    nbytes: int
+
+    @property
+    def path(self) -> str:
+        return f"/proc/{self.pid}/fd/{self.fd}"
+
+
+class SharedBuffer:
+    """`nbytes` of shared memory this process owns, mapped writable (`array`), that a process on
+    its node can map by `handle`. Its memory goes once this object and every mapping are gone."""
+
+    def __init__(self, nbytes: int, node_id: str | None) -> None:
+        fd = os.memfd_create("ray_resilience-checkpoint", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            mapping = mmap.mmap(fd, nbytes) if nbytes else None
+            info = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.handle = BufferHandle(node_id or "", os.getpid(), fd, info.st_dev, info.st_ino,
+                                   nbytes)
+        self.array = (np.frombuffer(mapping, dtype=np.uint8) if mapping is not None
+                      else np.empty(0, np.uint8))
+        self._closer = weakref.finalize(self, _close, fd, mapping)
+
+    def close(self) -> None:
+        """Closes the file now (the memory goes once no mapping is left)."""
+        self.array = None
+        self._closer()
+
+
+def _close(fd: int, mapping: mmap.mmap | None) -> None:
+    os.close(fd)
+    if mapping is not None:
+        try:
+            mapping.close()
+        except BufferError:  # a view is still alive somewhere: unmapped when it goes
+            pass
+
+
+class Lease:
+    """One buffer, lent to a shard until this object is garbage (then back to the pool)."""
+
+    def __init__(self, buffer: SharedBuffer) -> None:
+        self.handle = buffer.handle
+        self.array = buffer.array
+        """The buffer's bytes, writable (the writer's own mapping)."""
+
+
+class BufferPool:
+    """A writer's buffers, by key (a rank, or a replica of one); thread-safe. Leases return their
+    buffer when garbage-collected, so no holder has to remember to give it back."""
+
+    def __init__(self, node_id: str) -> None:
+        self._node_id = node_id
+        self._lock = threading.Lock()
+        self._free: dict[Any, collections.deque[SharedBuffer]] = collections.defaultdict(
+            collections.deque)
+        self._counts = {"created": 0, "reused": 0, "closed": 0, "leased": 0}
+        self._bytes = 0
+        """Bytes of every open buffer (leased or idle)."""
+
+    def take(self, key: Any, nbytes: int) -> Lease:
+        """A buffer of exactly `nbytes` for `key`: an idle one of that size, else a new one."""
+        with self._lock:
+            free = self._free[key]
+            for buffer in list(free):
+                if buffer.handle.nbytes == nbytes:
+                    free.remove(buffer)
+                    self._counts["reused"] += 1
+                    break
+            else:
+                buffer = None
+        if buffer is None:
+            buffer = self._create(nbytes)
+        lease = Lease(buffer)
+        with self._lock:
+            self._counts["leased"] += 1
+        weakref.finalize(lease, self._give_back, key, buffer)
+        return lease
+
+    def _create(self, nbytes: int) -> SharedBuffer:
+        buffer = SharedBuffer(nbytes, self._node_id)
+        with self._lock:
+            self._counts["created"] += 1
+            self._bytes += nbytes
+        return buffer
+
+    def _give_back(self, key: Any, buffer: SharedBuffer) -> None:
+        with self._lock:
+            free = self._free[key]
+            keep = len(free) < MAX_FREE_PER_KEY
+            if keep:
+                free.append(buffer)
+            else:
+                self._counts["closed"] += 1
+                self._bytes -= buffer.handle.nbytes
+        if not keep:
+            buffer.close()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            idle = sum(b.handle.nbytes for q in self._free.values() for b in q)
+            return {**self._counts, "bytes": self._bytes, "idle_bytes": idle}
+
+
+class BufferMaps:
+    """This process's mappings of other processes' buffers, newest last: at most
+    `MAX_MAPS_PER_OWNER` per process and none of a process that is gone (a mapping keeps the
+    memory alive). Kept so that a reused buffer is not mapped again: mapping the same pages is
+    cheap, but its page tables are built anew."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: collections.OrderedDict[BufferHandle, np.ndarray] = collections.OrderedDict()
+
+    def array(self, handle: BufferHandle, *, writable: bool) -> np.ndarray | None:
+        """The buffer's bytes mapped in this process; None where it cannot be opened here (another
+        node or pid namespace, the writer gone, or the file is not the buffer)."""
+        if handle.node_id != node_here():
+            return None
+        with self._lock:
+            held = self._maps.get(handle)
+            if held is not None and (held.flags.writeable or not writable):
+                self._maps.move_to_end(handle)
+                return held
+        try:
+            fd = os.open(handle.path, os.O_RDWR if writable else os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino, info.st_size) != (handle.dev, handle.ino, handle.nbytes):
+                return None
+            if not handle.nbytes:
+                return np.empty(0, np.uint8)
+            mapping = mmap.mmap(fd, handle.nbytes,
+                                access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        array = np.frombuffer(mapping, dtype=np.uint8)
+        with self._lock:
+            self._maps[handle] = array
+            for old in [h for h in self._maps if not os.path.exists(f"/proc/{h.pid}")]:
+                del self._maps[old]  # its process is gone: let its memory go
+            same = [h for h in self._maps if h.pid == handle.pid]
+            for old in same[:-MAX_MAPS_PER_OWNER]:
+                del self._maps[old]
+            while len(self._maps) > MAX_MAPS:
+                self._maps.popitem(last=False)
+        return array
+
+    def fill(self, handle: BufferHandle, data: np.ndarray) -> bool:
+        """Copies `data` (uint8, exactly the buffer's size) into the buffer; False when it cannot
+        be mapped here. The copy releases the GIL."""
+        if data.nbytes != handle.nbytes:
+            raise ValueError(f"a snapshot of {data.nbytes} bytes cannot fill a buffer of "
+                             f"{handle.nbytes}")
+        target = self.array(handle, writable=True)
+        if target is None:
+            return False
+        np.copyto(target, data.reshape(-1).view(np.uint8))
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._maps.clear()
+
+
+def node_here() -> str | None:
+    """This process's Ray node id (None outside Ray; never starts one)."""
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - not connected to Ray: no node to share memory on
+        return None
+
+
+MAPS = BufferMaps()
+"""This process's mappings (one per process: ranks and loaders share it)."""

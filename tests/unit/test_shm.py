@@ -1,0 +1,131 @@
+"""The writer's shared-memory buffers (`checkpoint/shm.py`), in one process: a buffer goes back to
+its pool when its lease is garbage and the next take of that size reuses it; a mapping opens only
+the buffer it names (node, device, inode, size); a filled buffer holds the bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import pickle
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ray_resilience._internal.checkpoint import shm
+from ray_resilience._internal.checkpoint.rank.export import SnapshotExports
+from ray_resilience._internal.checkpoint.wire import FilledPayload, ShardPayload
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def here(monkeypatch):
+    monkeypatch.setattr(shm, "node_here", lambda: "node-a")
+    return "node-a"
+
+
+def test_a_freed_lease_gives_its_buffer_to_the_next_save_of_that_size(here):
+    pool = shm.BufferPool(here)
+    first = pool.take(0, 4096)
+    handle = first.handle
+    del first
+    gc.collect()
+    again = pool.take(0, 4096)
+    assert again.handle == handle  # the same memory, not a new buffer
+    other_size = pool.take(0, 8192)
+    other_rank = pool.take(1, 4096)
+    assert other_size.handle != handle and other_rank.handle != handle
+    stats = pool.stats()
+    assert (stats["created"], stats["reused"], stats["leased"]) == (3, 1, 4)
+    assert stats["bytes"] == 4096 + 8192 + 4096 and stats["idle_bytes"] == 0
+
+
+def test_idle_buffers_beyond_one_per_rank_are_closed(here):
+    pool = shm.BufferPool(here)
+    leases = [pool.take(0, 1024) for _ in range(3)]
+    fds = [lease.handle.fd for lease in leases]
+    del leases
+    gc.collect()
+    stats = pool.stats()
+    assert stats["closed"] == 3 - shm.MAX_FREE_PER_KEY
+    assert stats["idle_bytes"] == stats["bytes"] == 1024 * shm.MAX_FREE_PER_KEY
+    open_fds = [fd for fd in fds if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert len(open_fds) == shm.MAX_FREE_PER_KEY
+
+
+def test_a_rank_fills_the_buffer_the_writer_reads(here):
+    pool = shm.BufferPool(here)
+    lease = pool.take(0, 1 << 20)
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+    maps = shm.BufferMaps()
+    assert maps.fill(lease.handle, data)
+    assert np.array_equal(lease.array, data)
+    view = shm.BufferMaps().array(lease.handle, writable=False)  # a loader's mapping
+    assert view is not None and not view.flags.writeable and np.array_equal(view, data)
+    with pytest.raises(ValueError, match="cannot fill a buffer"):
+        maps.fill(lease.handle, data[:10])
+
+
+def test_a_mapping_refuses_anything_but_the_buffer_it_names(here):
+    pool = shm.BufferPool(here)
+    lease = pool.take(0, 4096)
+    maps = shm.BufferMaps()
+    for wrong in (dataclasses.replace(lease.handle, node_id="node-b"),
+                  dataclasses.replace(lease.handle, ino=lease.handle.ino + 1),
+                  dataclasses.replace(lease.handle, nbytes=2048),
+                  dataclasses.replace(lease.handle, fd=987654)):
+        assert maps.array(wrong, writable=True) is None
+        assert not maps.fill(wrong, np.zeros(wrong.nbytes, np.uint8))
+    assert not lease.array.any()  # nothing was written through a wrong handle
+
+
+def test_a_process_keeps_few_mappings_of_another_and_none_of_one_gone(here):
+    pool = shm.BufferPool(here)
+    maps = shm.BufferMaps()
+    leases = [pool.take(rank, 64) for rank in range(shm.MAX_MAPS_PER_OWNER + 2)]
+    for lease in leases:
+        assert maps.array(lease.handle, writable=True) is not None
+    assert list(maps._maps) == [lease.handle for lease in leases[-shm.MAX_MAPS_PER_OWNER:]]
+    # A mapping of a process that is gone (a replaced writer, a dead rank) is dropped.
+    gone = dataclasses.replace(leases[-1].handle, pid=2 ** 22 + 1)  # above pid_max
+    maps._maps[gone] = np.zeros(64, np.uint8)
+    assert maps.array(pool.take(99, 64).handle, writable=True) is not None
+    assert gone not in maps._maps
+
+
+def test_a_payload_pickles_without_its_lease(here):
+    lease = shm.BufferPool(here).take(0, 16)
+    payload = ShardPayload(lease.array, [(0, 16)], [], b"{}", keep=lease)
+    back = pickle.loads(pickle.dumps(payload))
+    assert back.keep is None and np.array_equal(back.data, payload.data)
+
+
+def _offered(exports, step: int, payload):
+    ticket = SimpleNamespace(session="s", step=step)
+    with exports._cond:
+        return exports.offer(ticket, SimpleNamespace(release=lambda: None), payload)
+
+
+def test_a_rank_fills_a_lent_buffer_or_says_it_gave_the_snapshot_up(here):
+    """The path for slots not in shared memory (pinned on GPU): the rank copies into the buffer
+    its writer lends. A snapshot given up first is never handed over."""
+    exports = SnapshotExports(cond=threading.Condition(), link=None, config=None,
+                              exporter=object(), replace_writer=lambda: None)
+    data = np.arange(256, dtype=np.uint8)
+    payload = ShardPayload(data, [(0, 256)], [b"x"], b"{}")
+    lease = shm.BufferPool(here).take(0, 256)
+    _, export_id = _offered(exports, 1, payload)
+    filled = exports.export(export_id, lease.handle)
+    assert isinstance(filled, FilledPayload) and filled.blobs == [b"x"]
+    assert np.array_equal(lease.array, data)
+    assert exports.export(export_id, lease.handle) is None  # the offer ended
+
+    _, export_id = _offered(exports, 2, payload)
+    wrong = dataclasses.replace(lease.handle, nbytes=128)
+    assert exports.export(export_id, wrong) is payload  # cannot fill: the whole snapshot
+
+    _, export_id = _offered(exports, 3, payload)
+    assert exports.taken(export_id) and not exports.taken(export_id)
