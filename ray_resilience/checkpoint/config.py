@@ -32,7 +32,8 @@ class CheckpointConfig:
     memory_tier: bool = True
     """Keep the newest committed checkpoint in writer memory: restarts skip reading storage."""
     memory_budget_bytes: int | None = None
-    """Per-node cap on the memory tier, replicas included (None: Ray's object store limit)."""
+    """Per-node cap on the memory tier, replicas included, held in the writers' shared memory
+    (None: the node's object store size)."""
     memory_replicas: int = 0
     """Copies of each rank's newest committed shard kept by other writers (other nodes first),
     so a rank whose node or writer was lost restores from memory."""

@@ -22,6 +22,7 @@ from ray_resilience._internal.checkpoint.format.local_roots import node_root
 from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, state_dict_of
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
+from ray_resilience._internal.checkpoint.service.writer_pool import object_store_bytes
 from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket
 from ray_resilience.examples.llama import build_model
 from tests.support.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
@@ -113,6 +114,8 @@ def test_saves_travel_in_the_writers_reused_shared_memory(ray_session, tmp_path)
         assert elsewhere.shm is None and elsewhere.lent is None
         copy = ray.get(elsewhere.boxed[0])
         assert copy.nbytes == mapped.nbytes and copy.extra == mapped.shm[1].extra
+        # memory_budget_bytes=None: the tier is held to the node's object store size.
+        assert object_store_bytes(here) > 0 and object_store_bytes("no-such-node") is None
     finally:
         stop_ranks(ranks)
         service.shutdown()

@@ -364,9 +364,10 @@ class CheckpointWriter:
         log = logger.warning if self._counts["over_budget"] == 1 else logger.debug
         log("writer %s: %s (%.2f GB) is not kept in memory: this writer already holds %.2f GB "
             "and its share of CheckpointConfig.memory_budget_bytes=%s is %.2f GB (the node's "
-            "budget over writers_per_node=%d); ranks without a copy in memory restore from "
-            "storage. Raise memory_budget_bytes (within the node's object store) or lower "
-            "memory_replicas.", self.writer_id, what, nbytes / 1e9,
+            "budget, the node's object store size when it is None, over writers_per_node=%d); "
+            "ranks without a copy in memory restore from storage. Raise memory_budget_bytes "
+            "(within the node's memory) or lower memory_replicas.", self.writer_id, what,
+            nbytes / 1e9,
             sum(e.nbytes for h in (self._memory, self._replicas) for e in h.values()) / 1e9,
             self.config.memory_budget_bytes, (self._budget or 0) / 1e9,
             self.config.writers_per_node)

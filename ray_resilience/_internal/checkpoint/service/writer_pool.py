@@ -206,6 +206,8 @@ def launch_writer(*, storage: CheckpointStorage, config: CheckpointConfig, coord
     """Creates (without waiting for) writer `index` of `node_id`: (writer id, handle)."""
     writer_id = f"writer-{node_id[:8]}-{index}-{uuid.uuid4().hex[:6]}"
     budget = config.memory_budget_bytes
+    if budget is None and config.memory_tier:
+        budget = object_store_bytes(node_id)
     actor = ray.remote(CheckpointWriter).options(
         num_cpus=0, max_concurrency=WRITER_MAX_CONCURRENCY, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
@@ -214,6 +216,17 @@ def launch_writer(*, storage: CheckpointStorage, config: CheckpointConfig, coord
                           coordinator=coordinator, memory_budget_bytes=per_writer,
                           local_root=local_root)
     return writer_id, handle
+
+
+def object_store_bytes(node_id: str) -> int | None:
+    """The object store size of node `node_id`: the memory tier's cap when no budget is set (the
+    tier lives in the writers' shared memory, outside the store, and is held to what the store
+    would have allowed). None when Ray does not say."""
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            found = (node.get("Resources") or {}).get("object_store_memory")
+            return int(found) if found else None
+    return None
 
 
 def with_suppressed_kill(handle: Any) -> None:
