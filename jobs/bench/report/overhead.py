@@ -199,10 +199,12 @@ def write_costs(sizes: list[dict[str, Any]]) -> str:
             "and `touch_cost`, before / after each size's runs): " + "; ".join(parts) + ". "
             "Both swing with what ran before: this virtual machine charges a first touch of "
             "memory it has not used lately far more than a second. On 2 cores that CPU is taken "
-            "from training; a profile of ours' first save at 1 GB found its cost mostly in the "
-            "new memory it touches (`overhead/profile_save.sh`; docs/design.md, section 7): DCP "
-            "async reuses its staging buffers, ours hands each save to its writer in a new "
-            "object-store object and keeps the newest as the memory tier.")
+            "from training, so a save costs here mostly by the new memory it touches "
+            "(`overhead/profile_save.sh`; docs/design.md, section 7). DCP async stages into "
+            "buffers it reuses; ours' writer copies each save from the rank's shared staging slot "
+            "into a buffer of its own, reused once a newer commit frees it, and keeps the newest "
+            "commit there as the memory tier, so a run's first two saves touch up to two state "
+            "sizes more new memory than DCP's (the slot is the counterpart of DCP's staging).")
 
 
 def section(doc: dict[str, Any]) -> str:
