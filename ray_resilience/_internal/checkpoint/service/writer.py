@@ -1,9 +1,9 @@
 """`CheckpointWriter`: the node-local writer actor.
 
-It takes a rank's snapshot into a buffer of its own shared memory (`shm.py`: the rank copies it
-in; the buffers are reused from save to save), persists it in a thread, reports durability to
-the coordinator, keeps the newest committed shard as the memory tier, and holds replicas of
-other writers' shards (`hold_replica`).
+It copies a rank's snapshot into a buffer of its own shared memory (`shm.py`: from the rank's
+shared staging slot; the buffers are reused from save to save), persists it in a thread, reports
+durability to the coordinator, keeps the newest committed shard as the memory tier, and holds
+replicas of other writers' shards (`hold_replica`).
 """
 
 from __future__ import annotations
@@ -145,9 +145,7 @@ class CheckpointWriter:
             slot = MAPS.array(staged[0], writable=False)
         if slot is not None:
             rank_actor, export_id = source
-            filled = staged[1]
-            lease = self._buffers.take(ticket.rank, slot.nbytes)
-            np.copyto(lease.array, slot)
+            own = self._copied(ticket.rank, slot, staged[1])
             del slot
             try:
                 taken = ray.get(rank_actor.snapshot_taken.remote(export_id),
@@ -158,7 +156,6 @@ class CheckpointWriter:
             if not taken:
                 return (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up while "
                         f"writer {self.writer_id} copied it")
-            own = ShardPayload(lease.array, filled.spans, filled.blobs, filled.extra, keep=lease)
             payload = None
             with self._cond:
                 self._counts["pulled"] += 1
@@ -185,13 +182,11 @@ class CheckpointWriter:
             payload = got
         else:
             payload = ray.get(boxed[0])
-            lease = self._buffers.take(ticket.rank, payload.data.nbytes)
-            np.copyto(lease.array, payload.data)
-            own = ShardPayload(lease.array, payload.spans, payload.blobs, payload.extra, keep=lease)
+            own = self._copied(ticket.rank, payload.data, payload)
             with self._cond:
                 self._counts["copied"] += 1
         nbytes = own.nbytes if isinstance(own, ShardPayload) else payload.nbytes
-        del payload, boxed, lease
+        del payload, boxed
         with self._cond:
             for key in [k for k in self._shards
                         if k[2] == ticket.rank and not self._shards[k].durable]:
@@ -202,6 +197,14 @@ class CheckpointWriter:
             self._counts["received"] += 1
         self._pool.submit(self._persist, ticket.key)
         return None
+
+    def _copied(self, rank: int, data: np.ndarray,
+                rest: FilledPayload | ShardPayload) -> ShardPayload:
+        """`data` copied into a buffer of this writer's pool (the GIL is released meanwhile),
+        as a payload with `rest`'s spans, byte items and extra state."""
+        lease = self._buffers.take(rank, data.nbytes)
+        np.copyto(lease.array, data)
+        return ShardPayload(lease.array, rest.spans, rest.blobs, rest.extra, keep=lease)
 
     def _persist(self, key: Key) -> None:
         with self._cond:
