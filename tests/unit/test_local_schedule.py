@@ -38,16 +38,18 @@ class _Clock:
 
 
 def _probe(schedule: LocalSchedule, clock: _Clock, *, step_s: float, cost_s: float,
-           steps: int) -> list[int]:
-    """Runs `steps` steps of `step_s` each; every local write costs `cost_s` (blocking)."""
+           steps: int, write_wall_s: float = 0.0, slot_wait_s: float = 0.0) -> list[int]:
+    """Runs `steps` steps of `step_s` each; every local write costs `cost_s` (blocking) besides
+    `slot_wait_s` waiting for the previous write's slot, and holds its slot for
+    `write_wall_s`."""
     written = []
     for step in range(1, steps + 1):
         clock.now += step_s
         local = schedule.is_local_step(step)
         if local:
             written.append(step)
-            schedule.record_blocking(step, cost_s)
-            schedule.record_write(step, 0.0)
+            schedule.record_blocking(step, cost_s, slot_wait_s=slot_wait_s)
+            schedule.record_write(step, 0.0, wall_s=write_wall_s)
         schedule.after_step(step, agreement=ONE_RANK, wait_idle=lambda: True)
     return written
 
@@ -72,6 +74,28 @@ def test_a_cheap_write_is_taken_every_step(monkeypatch):
     schedule = LocalSchedule(CheckpointConfig(), rank=0)
     _probe(schedule, clock, step_s=1.0, cost_s=0.001, steps=10)
     assert schedule.interval == 1
+
+
+def test_on_a_gpu_rank_the_interval_is_never_shorter_than_a_write(monkeypatch):
+    """On a GPU rank the background write costs training nothing, so the budget alone would
+    take a 2 GB state every few steps; but a write holds its slot until done (seen on an H200:
+    0.1 s steps, writes of ~0.5 s, interval 5). The interval covers the write's wall time."""
+    clock = _Clock()
+    monkeypatch.setattr(local_schedule.time, "perf_counter", clock)
+    schedule = LocalSchedule(CheckpointConfig(), rank=0)
+    schedule.on_cpu = False
+    # The probe's writes come 2 steps apart: each waits for the previous one's slot. That wait
+    # is not a write's cost (counted, it took the interval to 270-334 steps on the H200).
+    _probe(schedule, clock, step_s=0.1, cost_s=0.0035, steps=12, write_wall_s=0.55,
+           slot_wait_s=0.3)
+    assert math.ceil(0.0035 / (0.01 * 0.1)) == 4  # what the budget alone allows
+    assert schedule.interval == 6
+    event, = schedule.take_events()
+    assert event["write_wall_s"] == pytest.approx(0.55)
+    assert event["slot_wait_s"] == pytest.approx(0.3)
+    on_cpu = LocalSchedule(CheckpointConfig(), rank=0)  # a CPU rank: the budget decides
+    _probe(on_cpu, clock, step_s=0.1, cost_s=0.0035, steps=12, write_wall_s=0.05)
+    assert on_cpu.interval == 4
 
 
 def test_a_new_attempt_reuses_what_was_measured_and_a_fixed_interval_is_kept(monkeypatch):
@@ -145,3 +169,34 @@ def test_an_overlapped_local_snapshot_holds_the_next_optimizer_step_until_copied
     assert (loaded.step, loaded.extra["step"]) == (1, 1)
     assert _equal(_state(fresh_model, fresh_opt), expected)
     assert not torch.equal(next(fresh_model.parameters()), next(model.parameters()))
+
+
+def test_a_local_step_waits_for_the_previous_local_write_and_says_how_long(tmp_path):
+    """Local-tier-only snapshots hold one slot at a time (the other two are the saves'): a local
+    step staged while the previous one is still copying waits for it, and the pipeline reports
+    that wait apart from the write's own cost; both steps end up on file."""
+    model, optimizer = _trained()
+    config = CheckpointConfig(snapshot="overlap")
+    store = LocalSnapshots(str(tmp_path), 0)
+    pipeline = HandoffPipeline(rank=0, world_size=1, config=config,
+                               link=WriterLink(rank=0, writer=None, writer_id="", coordinator=None),
+                               stats=RankSaveStats(), copy_delay_s=0.5, local=store,
+                               schedule=LocalSchedule(config, rank=0))
+    cache = StateCache()
+    try:
+        pipeline.begin_session("s")
+        for step in (1, 2):
+            source = cache.source(model, optimizer, lambda n: True)
+            assert pipeline.stage(step, source, snapshot_extra({"step": step}),
+                                  copy_all_now=False, save=False,
+                                  local=LocalWrite("s", step, layout_digest(source.items)))
+            if step == 1:
+                assert pipeline.take_slot_wait_s() == 0.0
+        assert pipeline.take_slot_wait_s() > 0.0  # step 2 waited for step 1's slot
+        assert pipeline.stats.counts["local_slot_waits"] >= 1
+        assert len(pipeline.pool.slots) == 1
+        assert pipeline.wait_local_idle(30)
+    finally:
+        pipeline.close()
+    fresh_model, fresh_opt = _trained(seed=4)
+    assert _restore(LocalSnapshots(str(tmp_path), 0), fresh_model, fresh_opt).step == 2

@@ -93,6 +93,8 @@ class HandoffPipeline:
         self.exports = SnapshotExports(cond=self.cond, link=link, config=config,
                                        exporter=exporter, replace_writer=self._replace_writer)
         self._closed = False
+        self._slot_wait_s = 0.0
+        """Seconds local steps waited for a slot since `take_slot_wait_s` last read them."""
         self._threads = [
             threading.Thread(target=target, name=f"rr-ckpt-{name}-r{rank}", daemon=True)
             for name, target in (("rounds", self._run_rounds), ("wait", self._run_waiter))]
@@ -132,7 +134,8 @@ class HandoffPipeline:
                 if slot is None:
                     self.stats.counts["skipped" if save else "local_skipped"] += 1
                     if save:
-                        why = ("skipped", "both snapshot slots were still in use")
+                        why = ("skipped", "the two previous saves were still in flight (one "
+                                          "being handed to the writer, one staged behind it)")
             rnd = _Round(self.session, step, slot if save else None, source.plan_id, source.keys,
                          why)
             if save_step and (slot is None or not save):
@@ -172,7 +175,7 @@ class HandoffPipeline:
         deadline = time.monotonic() + self.config.write_timeout_s
         while True:
             slot, withdrawn = self.pool.acquire(
-                source.items, source.tensors,
+                source.items, source.tensors, local_only=not save,
                 may_withdraw=save and self.config.in_flight_policy == "coalesce")
             if withdrawn is not None:
                 self._withdraw(withdrawn, step)
@@ -180,7 +183,17 @@ class HandoffPipeline:
             if slot is not None or not local or self._closed or left <= 0:
                 return slot
             self.stats.counts["local_slot_waits"] += 1
+            waited = time.perf_counter()
             self.cond.wait(min(left, self.config.warn_interval_s))
+            self._slot_wait_s += time.perf_counter() - waited
+
+    def take_slot_wait_s(self) -> float:
+        """Seconds local steps waited for a slot (the previous write still held it) since the
+        last call: the schedule keeps them out of a write's own cost (its interval covers a
+        write's wall time instead)."""
+        with self.cond:
+            waited, self._slot_wait_s = self._slot_wait_s, 0.0
+            return waited
 
     def _withdraw(self, slot: Slot, newer: int) -> None:
         for rnd in self._rounds:

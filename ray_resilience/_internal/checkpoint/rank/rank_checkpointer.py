@@ -132,7 +132,8 @@ class RankCheckpointer:
         if save:
             self._stats.blocking_s.append(blocked)
         if target is not None:
-            self._schedule.record_blocking(step, blocked)
+            waited = self._pipeline.take_slot_wait_s()
+            self._schedule.record_blocking(step, blocked - waited, slot_wait_s=waited)
             self._open_local = step
             if not (save and staged):
                 self._local_blocking.append((step, blocked))

@@ -7,7 +7,9 @@ is agreed: at `load` from what the ranks measured in earlier attempts, else afte
 at the same step on every rank. Writes then follow every `interval` steps from the step of the
 decision, so a fault after it redoes at most `interval` steps. A write's cost is the training
 thread's wait for it, plus on CPU ranks the CPU time of its background copy, checksum and write
-(they share the cores).
+(they share the cores). The interval is also never shorter than a write takes (wall time, in
+steps): on GPU ranks the background work costs training nothing, but a write still holds its
+snapshot slot until done, and the next local step would wait for it.
 """
 
 from __future__ import annotations
@@ -37,8 +39,13 @@ last: the first pays one-time allocations, the others are what later writes cost
 @dataclasses.dataclass
 class _Write:
     blocking_s: float = 0.0
+    slot_wait_s: float = 0.0
+    """The training thread's wait for the previous write to free a slot: not this write's
+    cost (an interval that covers a write's wall time leaves none)."""
     background_s: float | None = None
     """CPU seconds of the copy, checksum and write (None until the write is done)."""
+    wall_s: float = 0.0
+    """Wall seconds from the write's start (its wait for the device copy included) to its end."""
 
 
 class LocalSchedule:
@@ -118,24 +125,40 @@ class LocalSchedule:
         if self.interval is not None and self.fixed is None:
             self.interval = 0
 
-    def record_blocking(self, step: int, seconds: float) -> None:
+    def record_blocking(self, step: int, seconds: float, *, slot_wait_s: float = 0.0) -> None:
         with self._lock:
-            self._writes.setdefault(step, _Write()).blocking_s += seconds
+            write = self._writes.setdefault(step, _Write())
+            write.blocking_s += seconds
+            write.slot_wait_s += slot_wait_s
 
-    def record_write(self, step: int, background_s: float) -> None:
+    def record_write(self, step: int, background_s: float, wall_s: float = 0.0) -> None:
         with self._lock:
-            self._writes.setdefault(step, _Write()).background_s = background_s
+            write = self._writes.setdefault(step, _Write())
+            write.background_s, write.wall_s = background_s, wall_s
             while len(self._writes) > 8:
                 del self._writes[min(self._writes)]
 
-    def cost_s(self) -> float | None:
-        """What the newest complete write cost training."""
+    def _newest(self) -> _Write | None:
         with self._lock:
             done = [w for _, w in sorted(self._writes.items()) if w.background_s is not None]
-        if not done:
+        return done[-1] if done else None
+
+    def cost_s(self) -> float | None:
+        """What the newest complete write cost training."""
+        newest = self._newest()
+        if newest is None:
             return None
-        newest = done[-1]
         return newest.blocking_s + (newest.background_s if self.on_cpu else 0.0)
+
+    def write_wall_s(self) -> float | None:
+        """How long the newest complete write held its slot."""
+        newest = self._newest()
+        return None if newest is None else newest.wall_s
+
+    def slot_wait_s(self) -> float | None:
+        """How long the newest complete write waited for a slot (left out of its cost)."""
+        newest = self._newest()
+        return None if newest is None else newest.slot_wait_s
 
     def step_s(self) -> float | None:
         return statistics.median(self._step_s) if self._step_s else None
@@ -144,7 +167,9 @@ class LocalSchedule:
         cost, step_s = self.cost_s(), self.step_s()
         if self.fixed is not None or cost is None or not step_s:
             return None
-        return max(1, math.ceil(cost / (self.budget * step_s)))
+        within_budget = math.ceil(cost / (self.budget * step_s))
+        keeps_up = math.ceil((self.write_wall_s() or 0.0) / step_s)
+        return max(1, within_budget, keeps_up)
 
     def _decide(self, interval: int, step: int | None, *, off: str | None = None) -> None:
         self.interval, self.off, self._anchor = interval, off, step or 0
@@ -152,7 +177,9 @@ class LocalSchedule:
             "phase": "local_tier", "t_start": time.time(), "t_end": time.time(),
             "rank": self.rank, "interval_steps": interval,
             "mode": "fixed" if self.fixed is not None else AUTO, "decided_at_step": step,
-            "cost_s": self.cost_s(), "step_s": self.step_s(), "budget": self.budget,
+            "cost_s": self.cost_s(), "write_wall_s": self.write_wall_s(),
+            "slot_wait_s": self.slot_wait_s(),
+            "step_s": self.step_s(), "budget": self.budget,
             "state_bytes": self.state_bytes, "on_cpu": self.on_cpu, "off": off})
 
     def take_events(self) -> list[dict[str, Any]]:

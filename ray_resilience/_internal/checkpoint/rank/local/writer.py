@@ -98,7 +98,8 @@ class LocalWriter:
             ok = False
         if ok:
             self.write_s.append(time.perf_counter() - started)
-            self._schedule.record_write(target.step, time.thread_time() - cpu + slot.copy_cpu_s)
+            self._schedule.record_write(target.step, time.thread_time() - cpu + slot.copy_cpu_s,
+                                        wall_s=time.perf_counter() - started)
         with self._cond:
             self._writing = None
             self._written(slot)
