@@ -11,6 +11,10 @@ Parts, each PASS, FAIL or SKIP (needs CUDA) with its measurements in the JSON re
   cuda_health          the rank's CUDA health check (`_internal/rank/health.py`)
   inprocess_restart    `ResilientTrainer` with 1 GPU worker: an exception at step 6 restarts in
                        the same process from the local tier and ends bit-equal to a clean run
+  at_size              the same at a real rank's size (~2 GB of fp32 parameters + AdamW state on
+                       the GPU; the benchmarks' "1gb" model unsharded): the defaults' fault-free
+                       step against `ResilienceConfig.disabled()` (interleaved runs), then an
+                       exception and a SIGKILL, each ending bit-equal to the clean run
 Without CUDA (or with --dry-run) the parts that can run on the CPU do; exit status 1 if any
 part failed.
 """
@@ -37,6 +41,17 @@ from ray_resilience.examples.llama import build_model, causal_lm_loss
 from ray_resilience.examples.token_data import TokenDataset, generate_shards
 
 STEPS, FAULT_STEP = 10, 6
+SIZE_STEPS, SIZE_FAULT_STEP, SIZE_INTERVAL = 40, 25, 10
+"""The at-size runs: steps, the step the faults fire at, committed checkpoint interval."""
+SIZE_BATCH, SIZE_SEQ = 8, 512
+
+
+class PartFailed(AssertionError):
+    """A check failed after measuring: the report keeps what was measured."""
+
+    def __init__(self, message: str, measured: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.measured = measured
 
 
 def _preset(device: str) -> str:
@@ -234,10 +249,142 @@ def inprocess_restart(device: str) -> dict[str, Any]:
             "bit_equal": bit_equal}
 
 
+def _size_model() -> Any:
+    from ray_resilience.examples.llama import LlamaConfig  # noqa: PLC0415 - this part only
+
+    # The benchmarks' "1gb" shape (jobs/bench/harness/sizes.py), without dropout: ~167M
+    # parameters, 2.0 GB of fp32 parameters and AdamW moments on one rank.
+    return LlamaConfig(dim=1024, n_layers=9, n_heads=16, n_kv_heads=4, vocab_size=32000,
+                       ffn_dim=2816, max_seq_len=SIZE_SEQ)
+
+
+def _train_at_size(cfg: dict[str, Any]) -> dict[str, Any]:
+    # Bit-equal runs on a GPU need deterministic kernels: the first H200 sitting differed by
+    # ~1e-4 between two clean runs, from the memory-efficient attention's backward (it warns);
+    # the math attention is deterministic.
+    from torch.backends import cuda as cuda_backends  # noqa: PLC0415 - not shipped by value
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    cuda_backends.enable_flash_sdp(False)
+    cuda_backends.enable_mem_efficient_sdp(False)
+    cuda_backends.enable_cudnn_sdp(False)
+    ctx = rr.get_context()
+    device = str(ctx.device)
+    model_cfg = _size_model()
+    model = build_model(model_cfg, device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loaded = rr.load_checkpoint(model=model, optimizer=optimizer)
+    ends = []
+    for step in range((loaded.step if loaded else 0) + 1, cfg["steps"] + 1):
+        tokens = torch.randint(0, model_cfg.vocab_size, (SIZE_BATCH, SIZE_SEQ + 1),
+                               generator=torch.Generator().manual_seed(step)).to(device)
+        loss = causal_lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        rr.report({"loss": loss.item()}, step=step, checkpoint=rr.CheckpointState(model, optimizer))
+        ends.append((step, time.perf_counter()))
+    return {"state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "ends": ends, "tier": loaded.tier if loaded else None, "pid": os.getpid()}
+
+
+def _step_gaps(ends: list[tuple[int, float]], skip: int) -> list[float]:
+    """Seconds between consecutive reports after the first `skip` steps (a periodic cost, such
+    as a save every N steps, shows in their mean and not in their median)."""
+    return [b[1] - a[1] for a, b in zip(ends, ends[1:], strict=False)
+            if b[0] == a[0] + 1 and a[0] > skip]
+
+
+def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def at_size(device: str) -> dict[str, Any]:
+    import ray  # noqa: PLC0415 - this part only
+
+    from ray_resilience.errors import TrainingFailedError  # noqa: PLC0415
+    from ray_resilience.testing import Fault, FaultPlan  # noqa: PLC0415
+
+    gpu = device == "cuda"
+    arms = [("disabled", None, None), ("default", SIZE_INTERVAL, None),
+            ("exception", SIZE_INTERVAL, "exception"), ("sigkill", SIZE_INTERVAL, "sigkill"),
+            ("disabled_2", None, None), ("default_2", SIZE_INTERVAL, None)]
+    out: dict[str, Any] = {"state_bytes": None, "runs": {}}
+    states: dict[str, dict[str, torch.Tensor]] = {}
+    with tempfile.TemporaryDirectory(prefix="rr-gpu-check-") as work:
+        ray.init(num_cpus=8, num_gpus=1 if gpu else 0, include_dashboard=False,
+                 _temp_dir=os.path.join(work, "ray"), configure_logging=False)
+        try:
+            for name, interval, kind in arms:
+                plan = None if kind is None else FaultPlan.explicit(
+                    [Fault(step=SIZE_FAULT_STEP, rank=0, kind=kind)])
+                resilience = (rr.ResilienceConfig.disabled() if interval is None else
+                              rr.ResilienceConfig.default(checkpoint_interval=interval,
+                                                          fault_plan=plan))
+                t0 = time.perf_counter()
+                run: dict[str, Any] = {"ok": False}
+                out["runs"][name] = run
+                try:
+                    result = rr.ResilientTrainer(
+                        _train_at_size, train_loop_config={"steps": SIZE_STEPS},
+                        scaling_config=rr.ScalingConfig(num_workers=1, use_gpu=gpu),
+                        run_config=rr.RunConfig(name=f"gpu-size-{name}", verbose=False,
+                                                storage_path=os.path.join(work, "runs")),
+                        resilience=resilience).fit()
+                except TrainingFailedError as exc:
+                    run.update(error=str(exc)[:2000], wall_s=time.perf_counter() - t0)
+                    print(f"  at_size {name}: FAILED {str(exc)[:300]}", flush=True)
+                    continue
+                run.update(ok=True, wall_s=time.perf_counter() - t0)
+                value = result.return_values[0]
+                states[name] = value["state"]
+                gaps = _step_gaps(value["ends"], skip=5)
+                ckpt = result.checkpoint or {}
+                run.update(mean_step_s=sum(gaps) / len(gaps),
+                           median_step_s=sorted(gaps)[len(gaps) // 2], step_gaps_s=gaps,
+                           attempts=result.attempts, tier=value["tier"],
+                           local_interval_steps=result.local_interval_steps,
+                           committed_steps=ckpt.get("stats", {}).get("committed_steps"),
+                           dropped=[(d["step"], d["kind"]) for d in ckpt.get("dropped", [])],
+                           checkpoint=json.loads(json.dumps(ckpt, default=str)))
+                if result.goodput is not None and result.goodput.faults:
+                    fault = result.goodput.faults[0]
+                    run.update(recovery_s=fault.recovery_s, steps_redone=fault.steps_redone,
+                               checkpoint_tier=fault.checkpoint_tier,
+                               checkpoint_load_s=fault.checkpoint_load_s)
+                if "default" in states and name != "default":
+                    run["max_abs_diff_vs_default"] = _max_abs_diff(value["state"],
+                                                                   states["default"])
+                del value
+                print(f"  at_size {name}: " + ", ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in run.items() if k not in ("checkpoint", "step_gaps_s")),
+                    flush=True)
+        finally:
+            ray.shutdown()
+    if "default" in states:
+        out["state_bytes"] = 3 * sum(t.numel() * t.element_size()
+                                     for t in states["default"].values())
+    steps = {n: r.get("mean_step_s") for n, r in out["runs"].items()}
+    if all(steps.get(n) for n in ("disabled", "default", "disabled_2", "default_2")):
+        out["default_cost"] = ((steps["default"] + steps["default_2"])
+                               / (steps["disabled"] + steps["disabled_2"]) - 1)
+    problems = [f"{n}: {r['error']}" for n, r in out["runs"].items() if not r["ok"]]
+    problems += [f"{n}: saves skipped for lack of a snapshot slot: {r['dropped']}"
+                 for n, r in out["runs"].items()
+                 if any(kind == "skipped" for _, kind in r.get("dropped", []))]
+    problems += [f"{n} differs from the clean run by {r['max_abs_diff_vs_default']:.3g}"
+                 for n, r in out["runs"].items()
+                 if n in ("exception", "sigkill", "default_2") and r.get("max_abs_diff_vs_default")]
+    if problems:
+        raise PartFailed("; ".join(problems), out)
+    return out
+
+
 PARTS: list[tuple[str, Callable[[str], dict[str, Any]], bool]] = [
     ("fsdp2_nccl", fsdp2_nccl, True), ("d2h_bandwidth", d2h_bandwidth, True),
     ("overlapped_snapshot", overlapped_snapshot, False), ("cuda_health", cuda_health, True),
-    ("inprocess_restart", inprocess_restart, False)]
+    ("inprocess_restart", inprocess_restart, False), ("at_size", at_size, True)]
 """(name, check, needs CUDA); the others run on the CPU without one."""
 
 
@@ -247,11 +394,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="no CUDA even if there is a GPU")
     p.add_argument("--out", default="gpu_check.json", help="where the JSON report goes")
     p.add_argument("--parts", default=",".join(name for name, _, _ in PARTS))
+    p.add_argument("--code", default=None,
+                   help="the commit the checkout is at, for the report (a GPU machine's copy of "
+                        "the tree may have no .git)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.dry_run
+    # cuBLAS's deterministic workspace, for the bit-equal checks (inherited by Ray's workers).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     device = "cuda" if cuda else "cpu"
+    import platform  # noqa: PLC0415 - the report's header only
+
+    import ray  # noqa: PLC0415 - the report's header only
+
     report: dict[str, Any] = {
-        "cuda": cuda, "dry_run": args.dry_run, "torch": torch.__version__,
+        "cuda": cuda, "dry_run": args.dry_run, "torch": torch.__version__, "ray": ray.__version__,
+        "python": platform.python_version(), "cpus": os.cpu_count(), "code": args.code,
         "device": torch.cuda.get_device_name(0) if cuda else "cpu", "parts": {}}
     wanted = set(args.parts.split(","))
     for name, check, needs_cuda in PARTS:
@@ -266,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             entry = {"status": "passed", **check(device)}
         except Exception as exc:  # noqa: BLE001 - every part is reported, the rest still run
-            entry = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+            entry = {"status": "failed", **getattr(exc, "measured", {}),
+                     "error": f"{type(exc).__name__}: {exc}",
                      "traceback": traceback.format_exc()}
         entry["seconds"] = time.perf_counter() - t0
         report["parts"][name] = entry
@@ -280,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _brief(entry: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in entry.items() if k not in ("status", "seconds", "losses"))
+                     for k, v in entry.items()
+                     if k not in ("status", "seconds", "losses", "runs", "traceback"))
 
 
 if __name__ == "__main__":

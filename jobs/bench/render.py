@@ -22,6 +22,7 @@ sys.path.insert(0, BENCH)
 from report import (  # noqa: E402 - after the path set-up
     checkpoint,
     control_plane,
+    gpu,
     overhead,
     recovery,
     targets,
@@ -51,6 +52,11 @@ def load_tiers(results_dir: str) -> dict | None:
 
 def load_overhead(results_dir: str) -> dict | None:
     path = os.path.join(results_dir, "overhead.json")
+    return read_json(path) if os.path.exists(path) else None
+
+
+def load_gpu(results_dir: str) -> dict | None:
+    path = os.path.join(results_dir, "gpu_check.json")
     return read_json(path) if os.path.exists(path) else None
 
 
@@ -107,6 +113,9 @@ def render(results_dir: str) -> str:
     tier_doc = load_tiers(results_dir)
     if tier_doc is not None:
         parts += [tiers.section(tier_doc), ""]
+    gpu_doc = load_gpu(results_dir)
+    if gpu_doc is not None:
+        parts += [gpu.section(gpu_doc), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -23,12 +23,12 @@ def test_the_dry_run_skips_cuda_parts_and_passes_the_rest(tmp_path):
                            "--dry-run", "--out", str(out)], capture_output=True, text=True,
                           env=env, timeout=840, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    for part in ("fsdp2_nccl", "d2h_bandwidth", "cuda_health"):
+    for part in ("fsdp2_nccl", "d2h_bandwidth", "cuda_health", "at_size"):
         assert f"SKIP {part}: needs CUDA (--dry-run)" in done.stdout
     report = json.loads(out.read_text())
     parts = report["parts"]
     assert {k: v["status"] for k, v in parts.items()} == {
         "fsdp2_nccl": "skipped", "d2h_bandwidth": "skipped", "cuda_health": "skipped",
-        "overlapped_snapshot": "passed", "inprocess_restart": "passed"}
+        "at_size": "skipped", "overlapped_snapshot": "passed", "inprocess_restart": "passed"}
     assert parts["inprocess_restart"]["bit_equal"] and parts["inprocess_restart"]["tier"] == "local"
     assert report["cuda"] is False and report["dry_run"] is True
