@@ -83,3 +83,17 @@ def test_steps_the_lost_rank_did_not_report_count_once_its_peers_reported_them()
     record.add_reports(2, [{"rank": r, "step": 10, "time": 12.0} for r in (0, 1)])
     fault = recorder.timeline.faults["f1"]
     assert fault.step_at_fault == 9 and fault.t_first_step == 12.0 and fault.resumed_from_step == 9
+
+
+def test_a_late_batch_of_older_reports_does_not_replace_the_newest_metrics():
+    """The last step's report travels with the attempt's outcome; a node agent's batch drained
+    at teardown can bring older ones after it. `Result.metrics` stays the newest step (once seen
+    in CI as step 11 of 12)."""
+    record = RunRecord(world_size=1)
+    record.add_reports(0, [{"rank": 0, "step": 12, "time": 12.0, "loss": 0.5}])
+    record.add_reports(0, [{"rank": 0, "step": 10, "time": 10.0},
+                           {"rank": 0, "step": 11, "time": 11.0}])
+    assert record.last_metrics()["step"] == 12 and record.last_metrics()["loss"] == 0.5
+    assert [r["step"] for r in record.recent_history()] == [10, 11, 12]
+    record.add_reports(1, [{"rank": 0, "step": 5, "time": 20.0}])  # a restarted attempt
+    assert (record.last_metrics()["attempt"], record.last_metrics()["step"]) == (1, 5)

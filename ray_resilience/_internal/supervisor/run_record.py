@@ -9,6 +9,7 @@ done) for the callbacks. Thread-safe: batches arrive on other actor threads than
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 import time
@@ -119,7 +120,7 @@ class RunRecord:
                     self.timeouts.observe_many(name, count, worst)
             for attempt, ev in batch.events:
                 self._add_event(attempt, ev)
-            self.recent.extend(batch.rank0)
+            self._add_recent(batch.rank0)
             self.num_reports += batch.num_reports
             if self.metrics_log is not None:
                 self.metrics_log.append(batch.log)
@@ -300,6 +301,18 @@ class RunRecord:
                 self._saves.pop(key, None)
                 self.emit(CheckpointSaved(step=step, blocking_s=worst, tier=tier, t=t_last))
 
+    def _add_recent(self, records: list[dict[str, Any]]) -> None:
+        """Keeps rank 0's reports in (attempt, step) order: a node agent's batch drained at
+        teardown can arrive after the attempt's outcome, which carried the newer ones."""
+        for rec in records:
+            key = (rec["attempt"], rec["step"])
+            if not self.recent or _order(self.recent[-1]) <= key:
+                self.recent.append(rec)
+                continue
+            kept = list(self.recent)
+            kept.insert(bisect.bisect_right([_order(r) for r in kept], key), rec)
+            self.recent = collections.deque(kept, maxlen=RECENT_REPORTS)
+
     def recent_history(self) -> list[dict[str, Any]]:
         """Rank 0's newest reports, oldest first."""
         with self.lock:
@@ -309,3 +322,7 @@ class RunRecord:
         """Rank 0's newest report ({} before the first)."""
         with self.lock:
             return dict(self.recent[-1]) if self.recent else {}
+
+
+def _order(rec: dict[str, Any]) -> tuple[int, int]:
+    return rec["attempt"], rec["step"]
