@@ -134,8 +134,9 @@ class HandoffPipeline:
                 if slot is None:
                     self.stats.counts["skipped" if save else "local_skipped"] += 1
                     if save:
-                        why = ("skipped", "the two previous saves were still in flight (one "
-                                          "being handed to the writer, one staged behind it)")
+                        why = ("skipped", "two earlier saves still held both of the saves' "
+                                          "snapshot slots (being copied, voted on or handed "
+                                          "to the writer)")
             rnd = _Round(self.session, step, slot if save else None, source.plan_id, source.keys,
                          why)
             if save_step and (slot is None or not save):
