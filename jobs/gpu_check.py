@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -352,7 +353,7 @@ def at_size(device: str) -> dict[str, Any]:
                 gaps = _step_gaps(value["ends"], skip=5)
                 ckpt = result.checkpoint or {}
                 run.update(mean_step_s=sum(gaps) / len(gaps),
-                           median_step_s=sorted(gaps)[len(gaps) // 2], step_gaps_s=gaps,
+                           median_step_s=statistics.median(gaps), step_gaps_s=gaps,
                            attempts=result.attempts, tier=value["tier"],
                            local_interval_steps=result.local_interval_steps,
                            committed_steps=ckpt.get("stats", {}).get("committed_steps"),

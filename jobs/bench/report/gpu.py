@@ -40,7 +40,7 @@ def _not_committed(run: dict[str, Any]) -> str:
 def _run_row(name: str, run: dict[str, Any], fault_step: int) -> list[str]:
     ckpt = run.get("checkpoint") or {}
     committed = (ckpt.get("stats") or {}).get("committed_steps")
-    kind = name.rstrip("_2")
+    kind = name.removesuffix("_2")
     diff = run.get("max_abs_diff_vs_default")
     return [name, FAULTS.get(kind, "none").format(step=fault_step),
             ms(run.get("mean_step_s")), ms(run.get("median_step_s")), num(run.get("attempts")),
@@ -72,9 +72,10 @@ def _findings(at_size: dict[str, Any]) -> list[str]:
         names = sorted({n for n, _ in skipped})
         out.append(
             f"- Saves skipped for lack of a snapshot slot: {len(skipped)} (runs "
-            f"{', '.join(names)}). Local-tier snapshots every few steps held both of a rank's "
-            "two staging slots whenever a save came, because on a GPU rank the interval was "
-            "chosen from the training thread's wait alone, shorter than a write takes. Fixed "
+            f"{', '.join(names)}). The local tier wrote every few steps, its interval chosen on a "
+            "GPU rank from the training thread's wait alone; most likely its writes took longer "
+            "than that and held both of a rank's two shared staging slots when a save came "
+            "(this sitting recorded no write times). Fixed "
             "since (not yet measured on a GPU): saves and local-tier-only snapshots have "
             "separate slot shares, and the interval is never shorter than a write's wall time.")
     clean = runs.get("default_2", {}).get("max_abs_diff_vs_default")

@@ -20,9 +20,9 @@ MAX_SAVE_SLOTS = 2
 """Slots a rank's saves hold at most: one being voted on or handed off, one staged behind it."""
 MAX_LOCAL_ONLY_SLOTS = 1
 """Slots the snapshots of local-tier-only steps hold at most (a local step waits for the previous
-one's write; "auto" picks an interval the writes keep up with). Measured on one H200 with a 2 GB
-state, a local step every 5 steps held both of two shared slots whenever a save came, and every
-save after the first was skipped."""
+one's write; "auto" picks an interval the writes keep up with). On one H200 with a 2 GB state
+and a local step every 5 steps, every save after the first was skipped for want of one of two
+shared slots (docs/benchmarks.md, "GPU check")."""
 MAX_SLOTS = MAX_SAVE_SLOTS + MAX_LOCAL_ONLY_SLOTS
 
 
