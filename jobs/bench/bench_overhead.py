@@ -28,6 +28,7 @@ sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 from overhead.ab import run_size  # noqa: E402 - after the path set-up above
 from overhead.arms import PAGE_ARMS, SETTINGS, parse_arms  # noqa: E402
 from sweep import machine  # noqa: E402
+from sweep.journal import checkout_commit  # noqa: E402
 from sweep.results import read_json, write_json  # noqa: E402
 
 DEFAULT_ARMS = "torchrun,ours-disabled,ours"
@@ -69,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python jobs/bench/bench_overhead.py " + shlex.join(sys.argv[1:] if argv is None
                                                                    else argv)
+    code = {"this": checkout_commit()}
+    code.update({arm.name.partition("@")[2]: checkout_commit(arm.checkout)
+                 for arm in args.arms if arm.checkout})
     document = {"benchmark": "overhead", **machine.describe(command), "reps": args.reps,
-                "arms": [a.name for a in args.arms], "sizes": {}}
+                "arms": [a.name for a in args.arms], "code": code, "sizes": {}}
     started = time.time()
     for name in args.sizes:
         print(f"{name}:", flush=True)
@@ -84,12 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-SITTING = ("date_utc", "command", "reps", "arms")
-"""What each size entry records (under "sitting") of the invocation that measured it."""
+SITTING = ("date_utc", "command", "reps", "arms", "code")
+"""What each size entry records (under "sitting") of the invocation that measured it ("code":
+the commit of this checkout and of each `--checkout` label; older sittings lack it)."""
 
 
 def sitting(document: dict) -> dict:
-    return {key: document[key] for key in SITTING}
+    return {key: document[key] for key in SITTING if key in document}
 
 
 def merged(path: str, document: dict) -> dict:

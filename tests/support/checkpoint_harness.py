@@ -76,8 +76,11 @@ class RankActor:
     def export_snapshot(self, export_id: str, into: Any = None) -> Any:
         return None if self.ckpt is None else self.ckpt.export_snapshot(export_id, into)
 
-    def snapshot_taken(self, export_id: str) -> bool:
-        return self.ckpt is not None and self.ckpt.snapshot_taken(export_id)
+    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
+        return self.ckpt is not None and self.ckpt.snapshot_taken(export_id, kept)
+
+    def take_spare(self, handle: Any) -> bool:
+        return self.ckpt is not None and self.ckpt.take_spare(handle)
 
     def _build(self, preset: str) -> None:
         self.model = build_model(preset, seed=0)
@@ -207,6 +210,18 @@ class RankActor:
 
     def stats(self) -> dict[str, Any]:
         return self.ckpt.stats()
+
+    def scribble_own_memory(self) -> int:
+        """Overwrites every staging buffer this rank may still write (its spares and free slots
+        it did not give away); returns how many bytes."""
+        pool = self.ckpt._pipeline.pool
+        with self.ckpt._pipeline.cond:
+            arrays = [b.array for b in pool.spares]
+            arrays += [s.buffers.data for s in pool.slots
+                       if s.state.name == "FREE" and not s.given_away]
+            for array in arrays:
+                array[:] = 0xFF
+        return sum(a.nbytes for a in arrays)
 
     def close(self) -> None:
         if self.ckpt is not None:

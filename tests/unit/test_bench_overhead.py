@@ -340,6 +340,17 @@ def test_saves_committed_count_durable_saves_only_and_show_each_runs_count():
     assert _saves(entry, "torchrun") == "–"
 
 
+def test_an_arm_from_another_checkout_names_that_checkouts_commit():
+    from report.overhead import _configuration  # noqa: PLC0415
+
+    entry = {"durable_every": 8, "sitting": {"code": {"this": "abc", "before": "6ecbb81"}}}
+    same = _configuration(entry, "ours-nolocal")
+    assert "every 8 steps" in same and "commit" not in same
+    other = _configuration(entry, "ours-nolocal@before")
+    assert other.startswith(same) and other.endswith("commit 6ecbb81 (checkout 'before')")
+    assert "unrecorded" in _configuration({"durable_every": 8}, "ours@after")
+
+
 def test_run_all_reruns_every_page_benchmark_with_the_pages_arms(monkeypatch):
     import run_all  # noqa: PLC0415
     from overhead.arms import PAGE_ARMS  # noqa: PLC0415

@@ -13,9 +13,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+from torch.distributed.checkpoint.planner import WriteItemType
 
 from ray_resilience._internal.checkpoint import shm
 from ray_resilience._internal.checkpoint.rank.export import SnapshotExports
+from ray_resilience._internal.checkpoint.rank.slots import SlotPool, SlotState
+from ray_resilience._internal.checkpoint.rank.snapshot import capture
 from ray_resilience._internal.checkpoint.wire import FilledPayload, ShardPayload
 
 pytestmark = pytest.mark.timeout(60)
@@ -129,3 +133,98 @@ def test_a_rank_fills_a_lent_buffer_or_says_it_gave_the_snapshot_up(here):
 
     _, export_id = _offered(exports, 3, payload)
     assert exports.taken(export_id) and not exports.taken(export_id)
+
+
+def test_an_adopted_buffer_is_the_same_memory_and_outlives_its_giver(here):
+    giver = shm.SharedBuffer(4096, here)
+    giver.array[:] = 7
+    pool = shm.BufferPool(here)
+    lease = pool.adopt(0, giver.handle)
+    assert lease is not None and lease.handle.fd != giver.handle.fd
+    assert lease.handle.ino == giver.handle.ino and lease.array.tolist() == [7] * 4096
+    giver.array[0] = 9  # the same pages, not a copy
+    assert lease.array[0] == 9
+    giver.close()
+    del giver
+    gc.collect()
+    assert lease.array[1] == 7  # the adopter's own file keeps the memory
+    for wrong in (dataclasses.replace(lease.handle, node_id="node-b"),
+                  dataclasses.replace(lease.handle, ino=lease.handle.ino + 1),
+                  dataclasses.replace(lease.handle, nbytes=2048),
+                  dataclasses.replace(lease.handle, fd=987654)):
+        assert pool.adopt(0, wrong) is None
+    stats = pool.stats()
+    assert (stats["adopted"], stats["created"], stats["bytes"]) == (1, 0, 4096)
+
+
+def test_an_idle_buffer_is_offered_claimed_and_given_away_or_kept(here):
+    offered = []
+    pool = shm.BufferPool(here, on_idle=offered.append)
+    lease = pool.take(3, 1024)
+    handle = lease.handle
+    del lease
+    gc.collect()
+    assert offered == [3]
+    buffer = pool.claim(3)
+    assert buffer is not None and buffer.handle == handle and pool.claim(3) is None
+    pool.settle(3, buffer, given=False)  # refused: idle again, not offered again
+    assert offered == [3] and pool.stats()["idle_bytes"] == 1024
+    buffer = pool.claim(3)
+    taker = shm.SharedBuffer.adopted(buffer.handle)
+    pool.settle(3, buffer, given=True)
+    assert not os.path.exists(f"/proc/self/fd/{handle.fd}") or \
+        os.stat(f"/proc/self/fd/{handle.fd}").st_ino != handle.ino  # ours is closed
+    stats = pool.stats()
+    assert (stats["given"], stats["bytes"], stats["idle_bytes"]) == (1, 0, 0)
+    taker.array[:] = 1  # the taker's memory lives on
+    assert pool.take(3, 1024).handle.ino != handle.ino  # never handed out twice
+
+
+def test_a_discarded_lease_is_closed_not_reused(here):
+    pool = shm.BufferPool(here)
+    giver = shm.SharedBuffer(512, here)
+    lease = pool.adopt(0, giver.handle)
+    lease.discard()  # the giver kept writing to it
+    del lease
+    gc.collect()
+    stats = pool.stats()
+    assert (stats["closed"], stats["idle_bytes"], stats["bytes"]) == (1, 0, 0)
+    assert pool.take(0, 512).handle.ino != giver.handle.ino
+
+
+def test_a_slot_the_writer_kept_is_never_written_again_and_a_spare_replaces_it(here):
+    """The writer adopts a slot's memory (`taken(kept=True)`): the rank drops the slot once it
+    is free, and its next slot takes the memory the writer gave back instead of new memory."""
+    items, sources = _one_item(256)
+    pool = SlotPool()
+    slot, _ = pool.acquire(items, sources, may_withdraw=False)
+    first = slot.buffers.handle
+    exports = SnapshotExports(cond=threading.Condition(), link=None, config=None,
+                              exporter=object(), replace_writer=lambda: None)
+    payload = slot.buffers.payload([], b"{}")
+    with exports._cond:
+        _, export_id = exports.offer(SimpleNamespace(session="s", step=1), slot, payload)
+    assert exports.taken(export_id, kept=True) and slot.given_away
+    slot.release()
+    spare = shm.SharedBuffer(first.nbytes, here)
+    assert pool.add_spare(spare) and not pool.add_spare(shm.SharedBuffer(first.nbytes, here))
+    again, _ = pool.acquire(items, sources, may_withdraw=False)
+    assert again is not slot and slot not in pool.slots
+    assert again.buffers.handle == spare.handle and again.state is SlotState.FREE
+    assert pool.spares == [] and pool.staging_bytes == first.nbytes
+    # Not kept (the writer copied it): the slot stays and is reused as it is.
+    exports2 = SnapshotExports(cond=threading.Condition(), link=None, config=None,
+                               exporter=object(), replace_writer=lambda: None)
+    with exports2._cond:
+        _, export_id = exports2.offer(SimpleNamespace(session="s", step=2), again, payload)
+    assert exports2.taken(export_id) and not again.given_away
+    assert pool.acquire(items, sources, may_withdraw=False)[0] is again
+
+
+def _one_item(nbytes: int):
+    model = torch.nn.Linear(nbytes // 4, 1, bias=False)
+    captured = capture(model, None)
+    items, _ = captured.build_items()
+    assert [i.type for i in items] == [WriteItemType.TENSOR]
+    tensors, _ = captured.sources(items)
+    return items, tensors

@@ -66,10 +66,20 @@ def _saves(entry: dict[str, Any], arm: str) -> str:
     return ", ".join(shown) if shown else NONE
 
 
+def _configuration(entry: dict[str, Any], arm: str) -> str:
+    """How `arm` ran; an arm from another checkout (`NAME@LABEL`) names that checkout's commit."""
+    config = CONFIGS.get(arm.split("@")[0], arm).format(durable=entry["durable_every"])
+    label = arm.partition("@")[2]
+    if label:
+        commit = entry.get("sitting", {}).get("code", {}).get(label)
+        config += f"; the library at commit {commit or 'unrecorded'} (checkout {label!r})"
+    return config
+
+
 def _row(entry: dict[str, Any], arm: str) -> list[str]:
     s = entry["arms"][arm]
     cpu, rss = _totals(entry, arm)
-    config = CONFIGS.get(arm.split("@")[0], arm).format(durable=entry["durable_every"])
+    config = _configuration(entry, arm)
     return [entry["size"], arm, f"{s['ok']}/{s['runs']}",
             spread(s["wall_median_s"], ms), spread(s["wall_mean_s"], ms),
             spread(_paired(entry, arm, "torchrun", "wall_mean_s")),

@@ -57,7 +57,7 @@ class Journal:
             self._append({"settings": settings})
         self.sitting = len(self.sittings)
         self.sittings.append({"started": time.time(), "ended": None, "runs": 0,
-                              "commit": _commit()})
+                              "commit": checkout_commit()})
         self._append({"sitting": self.sitting, "started": self.sittings[-1]["started"],
                       "commit": self.sittings[-1]["commit"]})
 
@@ -127,9 +127,10 @@ class Journal:
             os.fsync(f.fileno())
 
 
-def _commit() -> str | None:
-    """The checkout's commit the runs of this sitting use (with "+dirty" for local edits)."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+def checkout_commit(repo: str | None = None) -> str | None:
+    """The commit of checkout `repo` (default: this one, which the runs of this sitting use),
+    with "+dirty" for local edits."""
+    repo = repo or os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
     try:
         head = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"],

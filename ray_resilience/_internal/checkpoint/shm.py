@@ -5,13 +5,15 @@ the memory tier. Handed over in a new object-store object each time, every save 
 its state size of memory not used before, which a virtual machine may charge up to ~80x a reused
 page (docs/design.md, section 7), and the rank paid a memcpy into it. Here both sides hold
 `SharedBuffer`s (`memfd_create`: anonymous shared memory that lives while a process holds its
-file or a mapping, and never shows up in a folder, so nothing is left behind when they die): a
-rank's staging slots (`rank/snapshot.py`) and a pool of buffers per rank in the writer
-(`BufferPool`). The writer maps the rank's slot and copies the snapshot into one of its buffers
-on its own, lower-priority thread; a buffer goes back to the pool when nothing uses it any more
-(the shard was written and, with the memory tier, a newer commit replaced it) and the next save
-of that rank reuses it. Where the slot is not shared (pinned memory on GPU) the rank copies into
-the buffer the writer lends (`BufferMaps.fill`).
+file or a mapping, and never shows up in a folder, so nothing is left behind when they die).
+A rank stages each snapshot into a slot (`rank/snapshot.py`); at the hand-off the writer adopts
+the slot's memory (`BufferPool.adopt`: a file of its own on the same memory, no copy) and the
+rank drops the slot. A buffer goes back to the writer's pool when nothing uses it any more (the
+shard was written and, with the memory tier, a newer commit replaced it); the writer then offers
+it back to the rank (`BufferPool.claim` / `settle`), which adopts it for its next slot, so the
+same two or three buffers per rank serve save after save. Where the writer cannot adopt a slot
+it maps it and copies it into a buffer of its own; where the slot is not shared (pinned memory
+on GPU) the rank copies into the buffer the writer lends (`BufferMaps.fill`).
 
 A process on the same node maps another's buffer through `/proc/<pid>/fd/<fd>` and checks that
 the file it opened is the buffer (device, inode and size); anything else (another node, another
@@ -26,6 +28,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,10 +63,14 @@ class SharedBuffer:
     """`nbytes` of shared memory this process owns, mapped writable (`array`), that a process on
     its node can map by `handle`. Its memory goes once this object and every mapping are gone."""
 
-    def __init__(self, nbytes: int, node_id: str | None) -> None:
-        fd = os.memfd_create("ray_resilience-checkpoint", os.MFD_CLOEXEC)
+    def __init__(self, nbytes: int, node_id: str | None, *, fd: int | None = None) -> None:
+        """A new buffer; with `fd` (an open file of a buffer, which this object then owns), that
+        buffer."""
+        if fd is None:
+            fd = os.memfd_create("ray_resilience-checkpoint", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, nbytes)
+            if not os.fstat(fd).st_size:
+                os.ftruncate(fd, nbytes)
             mapping = mmap.mmap(fd, nbytes) if nbytes else None
             info = os.fstat(fd)
         except BaseException:
@@ -73,7 +80,30 @@ class SharedBuffer:
                                    nbytes)
         self.array = (np.frombuffer(mapping, dtype=np.uint8) if mapping is not None
                       else np.empty(0, np.uint8))
+        self.reusable = True
+        """False once its bytes may be in use elsewhere: never reused (closed when let go)."""
         self._closer = weakref.finalize(self, _close, fd, mapping)
+
+    @classmethod
+    def adopted(cls, handle: BufferHandle) -> SharedBuffer | None:
+        """The buffer `handle` names (another process's on this node), owned by this process
+        from now on through a file of its own: its memory stays while either process holds it.
+        None where it cannot be opened here (as `BufferMaps.array`). The giver must stop
+        writing to it: the adopter reuses it for its own ends."""
+        if handle.node_id != node_here() or not handle.nbytes:
+            return None
+        try:
+            fd = os.open(handle.path, os.O_RDWR)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino, info.st_size) != (handle.dev, handle.ino, handle.nbytes):
+                os.close(fd)
+                return None
+            return cls(handle.nbytes, handle.node_id, fd=fd)
+        except (OSError, ValueError):
+            return None
 
     def close(self) -> None:
         """Closes the file now (the memory goes once no mapping is left)."""
@@ -97,18 +127,27 @@ class Lease:
         self.handle = buffer.handle
         self.array = buffer.array
         """The buffer's bytes, writable (the writer's own mapping)."""
+        self._buffer = buffer
+
+    def discard(self) -> None:
+        """Its buffer is closed when let go, never reused (another process may still write it)."""
+        self._buffer.reusable = False
 
 
 class BufferPool:
     """A writer's buffers, by key (a rank, or a replica of one); thread-safe. Leases return their
     buffer when garbage-collected, so no holder has to remember to give it back."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, on_idle: Callable[[Any], None] | None = None) -> None:
         self._node_id = node_id
+        self._on_idle = on_idle
+        """Called (outside the lock, from whatever thread let the lease go) with a key that has
+        an idle buffer now; it must not block."""
         self._lock = threading.Lock()
         self._free: dict[Any, collections.deque[SharedBuffer]] = collections.defaultdict(
             collections.deque)
-        self._counts = {"created": 0, "reused": 0, "closed": 0, "leased": 0}
+        self._counts = {"created": 0, "reused": 0, "closed": 0, "leased": 0, "adopted": 0,
+                        "given": 0}
         self._bytes = 0
         """Bytes of every open buffer (leased or idle)."""
 
@@ -131,6 +170,37 @@ class BufferPool:
         weakref.finalize(lease, self._give_back, key, buffer)
         return lease
 
+    def adopt(self, key: Any, handle: BufferHandle) -> Lease | None:
+        """Another process's buffer (`SharedBuffer.adopted`), leased to `key` and pooled like one
+        of ours when let go; None where it cannot be opened here."""
+        buffer = SharedBuffer.adopted(handle)
+        if buffer is None:
+            return None
+        lease = Lease(buffer)
+        with self._lock:
+            self._counts["adopted"] += 1
+            self._counts["leased"] += 1
+            self._bytes += buffer.handle.nbytes
+        weakref.finalize(lease, self._give_back, key, buffer)
+        return lease
+
+    def claim(self, key: Any) -> SharedBuffer | None:
+        """An idle buffer of `key`, out of the pool until `settle`; None when there is none."""
+        with self._lock:
+            free = self._free.get(key)
+            return free.popleft() if free else None
+
+    def settle(self, key: Any, buffer: SharedBuffer, *, given: bool) -> None:
+        """A `claim`ed buffer: `given` away (another process adopted it: ours is closed), else
+        idle again."""
+        if not given:
+            self._give_back(key, buffer, notify=False)
+            return
+        with self._lock:
+            self._counts["given"] += 1
+            self._bytes -= buffer.handle.nbytes
+        buffer.close()
+
     def _create(self, nbytes: int) -> SharedBuffer:
         buffer = SharedBuffer(nbytes, self._node_id)
         with self._lock:
@@ -138,10 +208,10 @@ class BufferPool:
             self._bytes += nbytes
         return buffer
 
-    def _give_back(self, key: Any, buffer: SharedBuffer) -> None:
+    def _give_back(self, key: Any, buffer: SharedBuffer, *, notify: bool = True) -> None:
         with self._lock:
             free = self._free[key]
-            keep = len(free) < MAX_FREE_PER_KEY
+            keep = buffer.reusable and len(free) < MAX_FREE_PER_KEY
             if keep:
                 free.append(buffer)
             else:
@@ -149,6 +219,8 @@ class BufferPool:
                 self._bytes -= buffer.handle.nbytes
         if not keep:
             buffer.close()
+        elif notify and self._on_idle is not None:
+            self._on_idle(key)
 
     def stats(self) -> dict[str, int]:
         with self._lock:

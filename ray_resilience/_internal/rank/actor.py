@@ -87,9 +87,14 @@ class WorkerActor:
         returned to it (the object is the writer's then)."""
         return None if self._worker is None else self._worker.export_snapshot(export_id, into)
 
-    def snapshot_taken(self, export_id: str) -> bool:
-        """The checkpoint writer copied a snapshot from this rank's shared memory."""
-        return self._worker is not None and self._worker.snapshot_taken(export_id)
+    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
+        """The checkpoint writer took a snapshot from this rank's shared memory (`kept`: it
+        adopted that memory)."""
+        return self._worker is not None and self._worker.snapshot_taken(export_id, kept)
+
+    def take_spare(self, handle: Any) -> bool:
+        """The checkpoint writer gives back shared memory for the next snapshot slot."""
+        return self._worker is not None and self._worker.take_spare(handle)
 
     def interrupt(self, attempt: int) -> bool:
         return self._worker is not None and self._worker.interrupt(attempt)

@@ -165,11 +165,18 @@ class Worker:
         checkpointer = self._checkpointer
         return None if checkpointer is None else checkpointer.export_snapshot(export_id, into)
 
-    def snapshot_taken(self, export_id: str) -> bool:
-        """The writer copied the snapshot offered under `export_id` from shared memory; False
-        when this rank gave it up first (the copy may be torn)."""
+    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
+        """The writer took the snapshot offered under `export_id` from shared memory (`kept`:
+        adopting that memory); False when this rank gave it up first (what it took may be
+        torn)."""
         checkpointer = self._checkpointer
-        return checkpointer is not None and checkpointer.snapshot_taken(export_id)
+        return checkpointer is not None and checkpointer.snapshot_taken(export_id, kept)
+
+    def take_spare(self, handle: Any) -> bool:
+        """The checkpoint writer gives back shared memory for this rank's next snapshot slot;
+        False when not taken."""
+        checkpointer = self._checkpointer
+        return checkpointer is not None and checkpointer.take_spare(handle)
 
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -1,11 +1,14 @@
 """How a claimed snapshot gets from a rank to its checkpoint writer.
 
-The writer pulls it, into a buffer of its own shared memory (`shm.py`, reused from save to save),
-so the snapshot outlives the rank and a save touches no new memory once the writer's buffers
-exist. The rank offers the staged snapshot under an export id and sends the writer its ticket
-(`Writer.receive`) with where its slot lies in shared memory (`staged`): the writer maps the
-slot and copies it, on its own thread. A slot that is not shared (pinned memory on GPU) or that
-the writer cannot map: the writer lends the rank a buffer and asks the rank's actor to fill it
+The writer takes it without a copy: it adopts the slot's shared memory (`shm.py`: opens the
+rank's buffer through a file of its own, so the snapshot outlives the rank), and gives the memory
+back to the rank once a newer commit replaced it in the memory tier (`take_spare`), so a save
+touches no new memory once the first two exist. The rank offers the staged snapshot under an
+export id and sends the writer its ticket (`Writer.receive`) with where its slot lies in shared
+memory (`staged`); once the writer holds the memory it says so (`taken(export_id, kept=True)`)
+and the rank drops the slot. Where it cannot adopt it, it maps the slot and copies it. A slot
+that is not shared (pinned memory on GPU) or that the writer cannot map: the writer lends the
+rank a buffer and asks the rank's actor to fill it
 (`export_snapshot`, which runs `SnapshotExports.export(export_id, into)`); where the rank cannot
 map that buffer either (another node), `export` returns the whole snapshot: an actor call's
 return value is owned by the caller, so that object is the writer's from the start. The slot
@@ -57,6 +60,8 @@ class SnapshotExports:
         self._replace_writer = replace_writer
         self._offered: dict[str, ShardPayload] = {}
         """Snapshots offered to the writer until it takes them (`export`), by export id."""
+        self._slots: dict[str, Slot] = {}
+        """The slot each offered snapshot is in, by export id."""
         self._seq = 0
         self._writer_plans: set[tuple[str, str]] = set()
         """(writer id, plan id) of the plans a writer was sent (rounds thread only)."""
@@ -76,6 +81,7 @@ class SnapshotExports:
         self._seq += 1
         export_id = f"{ticket.session}/{ticket.step}/{self._seq}"
         self._offered[export_id] = payload
+        self._slots[export_id] = slot
         return self.exporter, export_id
 
     @staticmethod
@@ -98,6 +104,7 @@ class SnapshotExports:
             if source is not None:
                 with self._cond:  # taken (the object is the writer's) or given up: free the slot
                     self._offered.pop(source[1], None)
+                    self._slots.pop(source[1], None)
                     slot.release()
                     self._cond.notify_all()
 
@@ -119,12 +126,18 @@ class SnapshotExports:
             return (None if self._offered.pop(export_id, None) is None
                     else FilledPayload(payload.spans, payload.blobs, payload.extra))
 
-    def taken(self, export_id: str) -> bool:
-        """The writer copied the snapshot offered under `export_id` from its shared slot: the
-        offer ends. False when it was given up first: the slot may have changed during that
-        copy, which the writer then throws away."""
+    def taken(self, export_id: str, kept: bool = False) -> bool:
+        """The writer took the snapshot offered under `export_id` from its shared slot: the offer
+        ends; `kept`: it adopted the slot's memory, which this rank then never writes again (the
+        slot is dropped once free). False when it was given up first: the slot may have changed
+        meanwhile, and the writer throws what it took away."""
         with self._cond:
-            return self._offered.pop(export_id, None) is not None
+            slot = self._slots.get(export_id)
+            if self._offered.pop(export_id, None) is None:
+                return False
+            if kept and slot is not None:
+                slot.given_away = True
+            return True
 
     def _receive(self, ticket: SaveTicket, boxed: list, source: Source | None,
                  staged: tuple[BufferHandle, FilledPayload] | None) -> ShardOutcome | None:

@@ -196,9 +196,14 @@ class RankCheckpointer:
         """A snapshot this rank offered its writer (the writer's call; see SnapshotExports)."""
         return self._pipeline.export(export_id, into)
 
-    def snapshot_taken(self, export_id: str) -> bool:
-        """The writer copied a snapshot from this rank's shared slot (see SnapshotExports)."""
-        return self._pipeline.exports.taken(export_id)
+    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
+        """The writer took a snapshot from this rank's shared slot, `kept`: adopting its memory
+        (see SnapshotExports)."""
+        return self._pipeline.exports.taken(export_id, kept)
+
+    def take_spare(self, handle: Any) -> bool:
+        """The writer gives back shared memory for a later slot (see HandoffPipeline)."""
+        return self._pipeline.take_spare(handle)
 
     def take_guard_wait_s(self) -> float:
         """Seconds optimizer steps waited for snapshot copies since the last call."""

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
+from ray_resilience._internal.checkpoint.shm import SharedBuffer
 from ray_resilience._internal.checkpoint.wire import SaveTicket
 
 MAX_SAVE_SLOTS = 2
@@ -24,6 +25,9 @@ one's write; "auto" picks an interval the writes keep up with). On one H200 with
 and a local step every 5 steps, every save after the first was skipped for want of one of two
 shared slots (docs/benchmarks.md, "GPU check")."""
 MAX_SLOTS = MAX_SAVE_SLOTS + MAX_LOCAL_ONLY_SLOTS
+MAX_SPARES = 1
+"""Buffers the writer gave back that a rank keeps for its next slots: with the memory tier, a
+save's buffer comes back when the next commit replaces it, before the save after that."""
 
 
 class SlotState(enum.Enum):
@@ -57,6 +61,9 @@ class Slot:
     """The local-tier write this snapshot still owes (None: none, or done)."""
     copy_cpu_s: float = 0.0
     """CPU seconds the copier thread spent copying into the buffers."""
+    given_away: bool = False
+    """The writer adopted the buffers' shared memory with the snapshot: never written again
+    (the pool drops this slot once it is free)."""
 
     @property
     def step(self) -> int | None:
@@ -85,14 +92,39 @@ class LocalWrite:
 
 
 class SlotPool:
-    """The slots of one rank (created on demand, reused while the state's layout holds)."""
+    """The slots of one rank (created on demand, reused while the state's layout holds). A slot
+    whose memory the writer adopted is dropped once free; a new slot takes a spare (memory the
+    writer gave back, `add_spare`) of its size before allocating."""
 
     def __init__(self) -> None:
         self.slots: list[Slot] = []
+        self.spares: list[SharedBuffer] = []
+        """Shared memory the writer gave back, at most `MAX_SPARES`, newest last."""
 
     @property
     def staging_bytes(self) -> int:
-        return sum(s.buffers.nbytes for s in self.slots)
+        return (sum(s.buffers.nbytes for s in self.slots if not s.given_away)
+                + sum(b.handle.nbytes for b in self.spares))
+
+    def wants_spare(self, nbytes: int) -> bool:
+        """Whether a spare of `nbytes` would be kept (none of that size is held yet)."""
+        return not any(b.handle.nbytes == nbytes for b in self.spares)
+
+    def add_spare(self, buffer: SharedBuffer) -> bool:
+        """Keeps `buffer` for the next new slot of its size; False (not kept) when one of that
+        size is held. The oldest spare beyond `MAX_SPARES` goes."""
+        if not self.wants_spare(buffer.handle.nbytes):
+            return False
+        self.spares.append(buffer)
+        del self.spares[:-MAX_SPARES]
+        return True
+
+    def _spare(self, nbytes: int) -> SharedBuffer | None:
+        for buffer in self.spares:
+            if buffer.handle.nbytes == nbytes:
+                self.spares.remove(buffer)
+                return buffer
+        return None
 
     def busy(self) -> bool:
         return any(s.state.busy for s in self.slots)
@@ -109,6 +141,7 @@ class SlotPool:
         """A slot for a new snapshot of `items` (`local_only`: a local-tier step that is no save):
         (slot, the STAGED slot withdrawn for it under coalesce); (None, None) when the
         snapshot's kind holds all the slots it may."""
+        self.slots = [s for s in self.slots if not (s.given_away and s.state is SlotState.FREE)]
         held_local = len(self.local_only())
         held_save = sum(s.state.busy for s in self.slots) - held_local
         if (held_local >= MAX_LOCAL_ONLY_SLOTS) if local_only else (held_save >= MAX_SAVE_SLOTS):
@@ -120,7 +153,7 @@ class SlotPool:
         if stale or len(self.slots) < MAX_SLOTS:
             if stale:  # the state's layout changed: replace a buffer set of the old layout
                 self.slots.remove(stale[0])
-            slot = Slot(StagingBuffers(items, sources))
+            slot = Slot(StagingBuffers(items, sources, self._spare))
             self.slots.append(slot)
             return slot, None
         return self._withdrawn(items) if may_withdraw else (None, None)

@@ -9,6 +9,7 @@ import dataclasses
 import io
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -115,12 +116,16 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 class StagingBuffers:
     """Host buffers reused across saves: views into one flat allocation, handed on as one array.
-    On CPU the allocation is shared memory (`shm.SharedBuffer`) that the node's writer maps and
-    copies from (`handle`); on GPU it is pinned memory, which the rank copies out itself."""
+    On CPU the allocation is shared memory (`shm.SharedBuffer`) that the node's writer adopts at
+    the hand-off (`handle`; the slot then gets other memory); on GPU it is pinned memory, which
+    the rank copies out itself."""
 
     ALIGN = 64
 
-    def __init__(self, items: list[WriteItem], sources: list[torch.Tensor]) -> None:
+    def __init__(self, items: list[WriteItem], sources: list[torch.Tensor],
+                 spare: Callable[[int], SharedBuffer | None] | None = None) -> None:
+        """`spare(nbytes)`: shared memory of that size to use (one the writer gave back), or
+        None for a new allocation."""
         tensor_items = [i for i in items if is_tensor_item(i)]
         self.key = tuple((tuple(i.tensor_data.chunk.sizes), i.tensor_data.properties.dtype)
                          for i in tensor_items)
@@ -136,7 +141,7 @@ class StagingBuffers:
             self.flat = torch.empty(at, dtype=torch.uint8,
                                     pin_memory=any(src.is_cuda for src in sources))
         else:
-            self.shared = SharedBuffer(at, node_here())
+            self.shared = (spare and spare(at)) or SharedBuffer(at, node_here())
             with warnings.catch_warnings():  # the mapping is writable: torch's warning is moot
                 warnings.simplefilter("ignore")
                 self.flat = torch.frombuffer(self.shared.array, dtype=torch.uint8)

@@ -1,9 +1,10 @@
 """`CheckpointWriter`: the node-local writer actor.
 
-It copies a rank's snapshot into a buffer of its own shared memory (`shm.py`: from the rank's
-shared staging slot; the buffers are reused from save to save), persists it in a thread, reports
-durability to the coordinator, keeps the newest committed shard as the memory tier, and holds
-replicas of other writers' shards (`hold_replica`).
+It takes a rank's snapshot over in shared memory (`shm.py`: it adopts the rank's shared staging
+slot, no copy, and gives the memory back to the rank once nothing here uses it, so the same
+buffers serve save after save), persists it in a thread, reports durability to the
+coordinator, keeps the newest committed shard as the memory tier, and holds replicas of other
+writers' shards (`hold_replica`).
 """
 
 from __future__ import annotations
@@ -79,19 +80,25 @@ class CheckpointWriter:
         """The newest commit heard of: threaded calls may run out of order."""
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
         self._node_id = ray.get_runtime_context().get_node_id()
-        self._buffers = BufferPool(self._node_id)
+        self._buffers = BufferPool(self._node_id, on_idle=self._offer_spare)
         """The shared memory snapshots are handed over in and the memory tier is kept in."""
+        self._homes: dict[int, Any] = {}
+        """The actor of each rank whose slot memory this writer adopted: where that memory goes
+        back to once nothing here uses it (`_give_spare`)."""
         self._lent: dict[str, tuple[ShardPayload, float]] = {}
         """Memory-tier payloads a loading rank is reading, by token, until when at the latest."""
-        self._counts = {"received": 0, "pulled": 0, "filled": 0, "copied": 0, "unmapped": 0,
-                        "durable": 0, "failed": 0, "retries": 0, "replicas_sent": 0,
-                        "replicas_held": 0, "replicas_refused": 0, "memory_mapped": 0,
-                        "memory_objects": 0}
-        """How snapshots came in: pulled (copied here from the rank's shared slot), filled (the
-        rank copied into a buffer lent to it), copied (an object put by a rank, copied here),
-        unmapped (the rank could not map the buffer lent to it and returned an object);
-        memory_mapped / memory_objects: memory-tier shards lent to a loader on this node /
-        copied into an object for one elsewhere."""
+        self._counts = {"received": 0, "adopted": 0, "pulled": 0, "filled": 0, "copied": 0,
+                        "unmapped": 0, "durable": 0, "failed": 0, "retries": 0,
+                        "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0,
+                        "memory_mapped": 0, "memory_objects": 0, "spares_given": 0,
+                        "spares_refused": 0}
+        """How snapshots came in: adopted (the rank's shared slot, its memory taken over, no
+        copy), pulled (copied here from the rank's shared slot, which could not be adopted),
+        filled (the rank copied into a buffer lent to it), copied (an object put by a rank,
+        copied here), unmapped (the rank could not map the buffer lent to it and returned an
+        object); memory_mapped / memory_objects: memory-tier shards lent to a loader on this
+        node / copied into an object for one elsewhere; spares_given / spares_refused: adopted
+        memory given back to its rank / kept here because the rank did not take it."""
         self._last_error: str | None = None
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
@@ -140,25 +147,39 @@ class CheckpointWriter:
             else:
                 return NEED_PLAN
         self._expire_lent()
-        slot = None
+        adopted = slot = None
         if staged is not None and source is not None:
-            slot = MAPS.array(staged[0], writable=False)
-        if slot is not None:
+            adopted = self._buffers.adopt(ticket.rank, staged[0])
+            if adopted is None:
+                slot = MAPS.array(staged[0], writable=False)
+        if adopted is not None or slot is not None:
             rank_actor, export_id = source
-            own = self._copied(ticket.rank, slot, staged[1])
+            if adopted is not None:
+                rest = staged[1]
+                own = ShardPayload(adopted.array, rest.spans, rest.blobs, rest.extra,
+                                   keep=adopted)
+            else:
+                own = self._copied(ticket.rank, slot, staged[1])
             del slot
             try:
-                taken = ray.get(rank_actor.snapshot_taken.remote(export_id),
+                taken = ray.get(rank_actor.snapshot_taken.remote(export_id, adopted is not None),
                                 timeout=checkpoint_call_timeout_s())
             except Exception as exc:  # noqa: BLE001 - this save is lost, the rank is told why
-                return (f"writer {self.writer_id} could not take rank {ticket.rank}'s snapshot "
-                        f"of step {ticket.step}: {type(exc).__name__}: {exc}")
+                taken, why = False, (f"writer {self.writer_id} could not take rank "
+                                     f"{ticket.rank}'s snapshot of step {ticket.step}: "
+                                     f"{type(exc).__name__}: {exc}")
+            else:
+                why = (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up while "
+                       f"writer {self.writer_id} took it")
             if not taken:
-                return (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up while "
-                        f"writer {self.writer_id} copied it")
+                if adopted is not None:  # the rank may still use that memory: never ours
+                    adopted.discard()
+                return why
             payload = None
             with self._cond:
-                self._counts["pulled"] += 1
+                self._counts["adopted" if adopted is not None else "pulled"] += 1
+                if adopted is not None:
+                    self._homes[ticket.rank] = rank_actor
         elif source is not None:
             rank_actor, export_id = source
             lease = self._buffers.take(ticket.rank, ticket.data_nbytes)
@@ -197,6 +218,33 @@ class CheckpointWriter:
             self._counts["received"] += 1
         self._pool.submit(self._persist, ticket.key)
         return None
+
+    def _offer_spare(self, key: Any) -> None:
+        """The pool has an idle buffer of `key` (called wherever a lease was let go: must not
+        block): a rank whose slot memory this writer adopts gets it back, on a pool thread."""
+        home = self._homes.get(key) if isinstance(key, int) else None
+        if home is None:
+            return
+        try:
+            self._pool.submit(self._give_spare, key, home)
+        except RuntimeError:  # the writer is shutting down
+            pass
+
+    def _give_spare(self, rank: int, home: Any) -> None:
+        """Gives an idle buffer of `rank`'s back to its actor, which adopts it for its next
+        snapshot slot: that save then touches no new memory and this writer holds one buffer
+        less. Kept here (reused for a save that cannot be adopted) when the rank refuses."""
+        buffer = self._buffers.claim(rank)
+        if buffer is None:
+            return
+        try:
+            given = bool(ray.get(home.take_spare.remote(buffer.handle),
+                                 timeout=checkpoint_call_timeout_s()))
+        except Exception:  # noqa: BLE001 - a rank gone or busy: the buffer stays here
+            given = False
+        with self._cond:
+            self._counts["spares_given" if given else "spares_refused"] += 1
+        self._buffers.settle(rank, buffer, given=given)
 
     def _copied(self, rank: int, data: np.ndarray,
                 rest: FilledPayload | ShardPayload) -> ShardPayload:
