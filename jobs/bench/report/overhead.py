@@ -211,10 +211,13 @@ def write_costs(sizes: list[dict[str, Any]]) -> str:
             "memory it has not used lately far more than a second. On 2 cores that CPU is taken "
             "from training, so a save costs here mostly by the new memory it touches "
             "(`overhead/profile_save.sh`; docs/design.md, section 7). DCP async stages into "
-            "buffers it reuses; ours' writer copies each save from the rank's shared staging slot "
-            "into a buffer of its own, reused once a newer commit frees it, and keeps the newest "
-            "commit there as the memory tier, so a run's first two saves touch up to two state "
-            "sizes more new memory than DCP's (the slot is the counterpart of DCP's staging).")
+            "buffers it reuses and leaves its files in the page cache. Ours' writer adopts each "
+            "save's staging memory from the rank, keeps the newest commit there as the memory "
+            "tier and gives a buffer back once a newer commit frees it, so a run's second save "
+            "touches one state size more new memory than DCP's (since ae34b01; in sittings on "
+            "older code the writer copied each save into a buffer of its own: up to two state "
+            "sizes more), and it drops each written file from the page cache, so a save's files "
+            "reuse the memory the previous one's freed (since bd46972).")
 
 
 def section(doc: dict[str, Any]) -> str:
