@@ -29,10 +29,10 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from ray_resilience._internal.checkpoint.rank.slots import Slot
+from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, Slot, SlotPool
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
-from ray_resilience._internal.checkpoint.shm import MAPS, BufferHandle
+from ray_resilience._internal.checkpoint.shm import MAPS, BufferHandle, SharedBuffer
 from ray_resilience._internal.checkpoint.wire import (
     NEED_PLAN,
     FilledPayload,
@@ -51,8 +51,12 @@ class SnapshotExports:
     them. Shares the pipeline's condition: an offered snapshot is held in one of its slots."""
 
     def __init__(self, *, cond: threading.Condition, link: WriterLink, config: CheckpointConfig,
-                 exporter: Any, replace_writer: Callable[[], None]) -> None:
+                 exporter: Any, replace_writer: Callable[[], None],
+                 pool: SlotPool | None = None, stats: RankSaveStats | None = None) -> None:
         self.link, self.config = link, config
+        self._pool, self._stats = pool, stats
+        """The rank's slots (spares given back join them) and its counters."""
+        self._closed = False
         self.exporter = exporter
         """The actor whose `export_snapshot(export_id)` returns `export(export_id)`: this rank's
         (None: the rank puts snapshots in the object store itself and the writer copies them)."""
@@ -138,6 +142,30 @@ class SnapshotExports:
             if kept and slot is not None:
                 slot.given_away = True
             return True
+
+    def take_spare(self, handle: BufferHandle) -> bool:
+        """The writer gives back shared memory it adopted with an earlier save (a newer commit
+        replaced it): adopted here for the next new slot of its size. False when not taken (one
+        of that size is held, the pipeline closed, or it cannot be opened here): the writer
+        keeps it."""
+        with self._cond:
+            if self._closed or self._pool is None or not self._pool.wants_spare(handle.nbytes):
+                return False
+        buffer = SharedBuffer.adopted(handle)
+        if buffer is None:
+            return False
+        with self._cond:
+            taken = not self._closed and self._pool.add_spare(buffer)
+        if not taken:
+            buffer.close()
+        elif self._stats is not None:
+            self._stats.counts["spares_taken"] += 1
+        return taken
+
+    def close(self) -> None:
+        """No more spares are taken (the pipeline is closing)."""
+        with self._cond:
+            self._closed = True
 
     def _receive(self, ticket: SaveTicket, boxed: list, source: Source | None,
                  staged: tuple[BufferHandle, FilledPayload] | None) -> ShardOutcome | None:

@@ -30,7 +30,7 @@ from ray_resilience._internal.checkpoint.rank.slots import (
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.service.rounds import RoundResult
-from ray_resilience._internal.checkpoint.shm import MAPS, BufferHandle, SharedBuffer
+from ray_resilience._internal.checkpoint.shm import MAPS
 from ray_resilience._internal.checkpoint.wire import SaveTicket, ShardOutcome
 from ray_resilience._internal.constants import (
     DEFAULT_VOTE_WAIT_S,
@@ -91,7 +91,8 @@ class HandoffPipeline:
         self._sent_plans: set[str] = set()
         self._handed: collections.deque[SaveTicket] = collections.deque()
         self.exports = SnapshotExports(cond=self.cond, link=link, config=config,
-                                       exporter=exporter, replace_writer=self._replace_writer)
+                                       exporter=exporter, replace_writer=self._replace_writer,
+                                       pool=self.pool, stats=stats)
         self._closed = False
         self._slot_wait_s = 0.0
         """Seconds local steps waited for a slot since `take_slot_wait_s` last read them."""
@@ -244,6 +245,7 @@ class HandoffPipeline:
         return f"{slots or 'no snapshot held'}; {writing}; {len(self._rounds)} round(s) open"
 
     def close(self) -> None:
+        self.exports.close()
         with self.cond:
             self._closed = True
             self.cond.notify_all()
@@ -426,25 +428,6 @@ class HandoffPipeline:
     def export(self, export_id: str, into: Any = None) -> Any:
         """The snapshot offered to the writer under `export_id` (`SnapshotExports.export`)."""
         return self.exports.export(export_id, into)
-
-    def take_spare(self, handle: BufferHandle) -> bool:
-        """The writer gives back shared memory it adopted with an earlier save (a newer commit
-        replaced it): adopted here for the next new slot of its size. False when not taken
-        (one of that size is held, or it cannot be opened here): the writer keeps it."""
-        with self.cond:
-            if self._closed or not self.pool.wants_spare(handle.nbytes):
-                return False
-        buffer = SharedBuffer.adopted(handle)
-        if buffer is None:
-            return False
-        with self.cond:
-            taken = not self._closed and self.pool.add_spare(buffer)
-        if taken:
-            self.stats.counts["spares_taken"] += 1
-        else:
-            buffer.close()
-        return taken
-
 
     def _run_waiter(self) -> None:
         defer_wakeups()

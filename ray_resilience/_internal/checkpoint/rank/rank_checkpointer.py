@@ -202,8 +202,8 @@ class RankCheckpointer:
         return self._pipeline.exports.taken(export_id, kept)
 
     def take_spare(self, handle: Any) -> bool:
-        """The writer gives back shared memory for a later slot (see HandoffPipeline)."""
-        return self._pipeline.take_spare(handle)
+        """The writer gives back shared memory for a later slot (see SnapshotExports)."""
+        return self._pipeline.exports.take_spare(handle)
 
     def take_guard_wait_s(self) -> float:
         """Seconds optimizer steps waited for snapshot copies since the last call."""

@@ -25,9 +25,10 @@ from ray_resilience._internal.checkpoint.format import commit, layout
 from ray_resilience._internal.checkpoint.format.lease import Fence
 from ray_resilience._internal.checkpoint.format.local_roots import RootLock, node_root
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage, retrying
+from ray_resilience._internal.checkpoint.service.intake import SnapshotIntake
 from ray_resilience._internal.checkpoint.service.replica_pull import pull_replica
 from ray_resilience._internal.checkpoint.service.warm_import import WarmImport, dumps
-from ray_resilience._internal.checkpoint.shm import MAPS, BufferHandle, BufferPool, Lease
+from ray_resilience._internal.checkpoint.shm import BufferHandle, Lease
 from ray_resilience._internal.checkpoint.wire import (
     NEED_PLAN,
     FilledPayload,
@@ -80,11 +81,6 @@ class CheckpointWriter:
         """The newest commit heard of: threaded calls may run out of order."""
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"rr-writer-{writer_id}")
         self._node_id = ray.get_runtime_context().get_node_id()
-        self._buffers = BufferPool(self._node_id, on_idle=self._offer_spare)
-        """The shared memory snapshots are handed over in and the memory tier is kept in."""
-        self._homes: dict[int, Any] = {}
-        """The actor of each rank whose slot memory this writer adopted: where that memory goes
-        back to once nothing here uses it (`_give_spare`)."""
         self._lent: dict[str, tuple[ShardPayload, float]] = {}
         """Memory-tier payloads a loading rank is reading, by token, until when at the latest."""
         self._counts = {"received": 0, "adopted": 0, "pulled": 0, "filled": 0, "copied": 0,
@@ -99,6 +95,10 @@ class CheckpointWriter:
         object); memory_mapped / memory_objects: memory-tier shards lent to a loader on this
         node / copied into an object for one elsewhere; spares_given / spares_refused: adopted
         memory given back to its rank / kept here because the rank did not take it."""
+        self._intake = SnapshotIntake(writer_id=writer_id, node_id=self._node_id,
+                                      executor=self._pool, cond=self._cond, counts=self._counts)
+        self._buffers = self._intake.buffers
+        """The shared memory snapshots are handed over in and the memory tier is kept in."""
         self._last_error: str | None = None
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
@@ -125,9 +125,10 @@ class CheckpointWriter:
 
     def receive(self, message: bytes, boxed: list[Any], source: tuple[Any, str] | None = None,
                 staged: tuple[BufferHandle, FilledPayload] | None = None) -> str | None:
-        """Takes a rank's pickled `SaveTicket` and its snapshot, and queues the write. The
-        snapshot is in the rank's slot, which `staged` says where to map: copied from there
-        into a buffer of ours; else it is `source`'s (the rank's actor and an export id): asked
+        """Takes a rank's pickled `SaveTicket` and its snapshot (`intake.SnapshotIntake`), and
+        queues the write. The snapshot is in the rank's slot, which `staged` says where to find:
+        its memory adopted (where it cannot be opened here, copied into a buffer of ours); else
+        it is `source`'s (the rank's actor and an export id): asked
         for here, the rank copies it into a buffer this writer lends (or, where it cannot map
         it, returns it as an object this writer owns, kept as it is); else the object in `boxed`,
         which the rank owns and which is copied into a buffer of ours (it would vanish with the
@@ -147,67 +148,11 @@ class CheckpointWriter:
             else:
                 return NEED_PLAN
         self._expire_lent()
-        adopted = slot = None
-        if staged is not None and source is not None:
-            adopted = self._buffers.adopt(ticket.rank, staged[0])
-            if adopted is None:
-                slot = MAPS.array(staged[0], writable=False)
-        if adopted is not None or slot is not None:
-            rank_actor, export_id = source
-            if adopted is not None:
-                rest = staged[1]
-                own = ShardPayload(adopted.array, rest.spans, rest.blobs, rest.extra,
-                                   keep=adopted)
-            else:
-                own = self._copied(ticket.rank, slot, staged[1])
-            del slot
-            try:
-                taken = ray.get(rank_actor.snapshot_taken.remote(export_id, adopted is not None),
-                                timeout=checkpoint_call_timeout_s())
-            except Exception as exc:  # noqa: BLE001 - this save is lost, the rank is told why
-                taken, why = False, (f"writer {self.writer_id} could not take rank "
-                                     f"{ticket.rank}'s snapshot of step {ticket.step}: "
-                                     f"{type(exc).__name__}: {exc}")
-            else:
-                why = (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up while "
-                       f"writer {self.writer_id} took it")
-            if not taken:
-                if adopted is not None:  # the rank may still use that memory: never ours
-                    adopted.discard()
-                return why
-            payload = None
-            with self._cond:
-                self._counts["adopted" if adopted is not None else "pulled"] += 1
-                if adopted is not None:
-                    self._homes[ticket.rank] = rank_actor
-        elif source is not None:
-            rank_actor, export_id = source
-            lease = self._buffers.take(ticket.rank, ticket.data_nbytes)
-            answer = rank_actor.export_snapshot.remote(export_id, lease.handle)
-            try:
-                got = ray.get(answer, timeout=checkpoint_call_timeout_s())
-            except Exception as exc:  # noqa: BLE001 - this save is lost, the rank is told why
-                return (f"writer {self.writer_id} could not take rank {ticket.rank}'s snapshot "
-                        f"of step {ticket.step}: {type(exc).__name__}: {exc}")
-            if got is None:
-                return (f"rank {ticket.rank} gave the snapshot of step {ticket.step} up before "
-                        f"writer {self.writer_id} took it")
-            if isinstance(got, FilledPayload):
-                own = ShardPayload(lease.array, got.spans, got.blobs, got.extra, keep=lease)
-                with self._cond:
-                    self._counts["filled"] += 1
-            else:  # the rank could not map our buffer: the returned object is ours, kept as is
-                own = answer
-                with self._cond:
-                    self._counts["unmapped"] += 1
-            payload = got
-        else:
-            payload = ray.get(boxed[0])
-            own = self._copied(ticket.rank, payload.data, payload)
-            with self._cond:
-                self._counts["copied"] += 1
-        nbytes = own.nbytes if isinstance(own, ShardPayload) else payload.nbytes
-        del payload, boxed
+        took = self._intake.take(ticket, boxed, source, staged)
+        del boxed
+        if isinstance(took, str):
+            return took
+        own, nbytes = took
         with self._cond:
             for key in [k for k in self._shards
                         if k[2] == ticket.rank and not self._shards[k].durable]:
@@ -218,41 +163,6 @@ class CheckpointWriter:
             self._counts["received"] += 1
         self._pool.submit(self._persist, ticket.key)
         return None
-
-    def _offer_spare(self, key: Any) -> None:
-        """The pool has an idle buffer of `key` (called wherever a lease was let go: must not
-        block): a rank whose slot memory this writer adopts gets it back, on a pool thread."""
-        home = self._homes.get(key) if isinstance(key, int) else None
-        if home is None:
-            return
-        try:
-            self._pool.submit(self._give_spare, key, home)
-        except RuntimeError:  # the writer is shutting down
-            pass
-
-    def _give_spare(self, rank: int, home: Any) -> None:
-        """Gives an idle buffer of `rank`'s back to its actor, which adopts it for its next
-        snapshot slot: that save then touches no new memory and this writer holds one buffer
-        less. Kept here (reused for a save that cannot be adopted) when the rank refuses."""
-        buffer = self._buffers.claim(rank)
-        if buffer is None:
-            return
-        try:
-            given = bool(ray.get(home.take_spare.remote(buffer.handle),
-                                 timeout=checkpoint_call_timeout_s()))
-        except Exception:  # noqa: BLE001 - a rank gone or busy: the buffer stays here
-            given = False
-        with self._cond:
-            self._counts["spares_given" if given else "spares_refused"] += 1
-        self._buffers.settle(rank, buffer, given=given)
-
-    def _copied(self, rank: int, data: np.ndarray,
-                rest: FilledPayload | ShardPayload) -> ShardPayload:
-        """`data` copied into a buffer of this writer's pool (the GIL is released meanwhile),
-        as a payload with `rest`'s spans, byte items and extra state."""
-        lease = self._buffers.take(rank, data.nbytes)
-        np.copyto(lease.array, data)
-        return ShardPayload(lease.array, rest.spans, rest.blobs, rest.extra, keep=lease)
 
     def _persist(self, key: Key) -> None:
         with self._cond:
