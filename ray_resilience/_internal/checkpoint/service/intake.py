@@ -116,18 +116,21 @@ class SnapshotIntake:
     def _give_spare(self, rank: int, home: Any) -> None:
         """Gives an idle buffer of `rank`'s back to its actor, which adopts it for its next
         snapshot slot: that save then touches no new memory and this writer holds one buffer
-        less. Kept here (reused for a save that cannot be adopted) when the rank refuses."""
+        less. Kept here (reused for a save that cannot be adopted) when the rank refuses; closed
+        here when it does not answer (it may have taken it)."""
         buffer = self.buffers.claim(rank)
         if buffer is None:
             return
         try:
             given = bool(ray.get(home.take_spare.remote(buffer.handle),
                                  timeout=checkpoint_call_timeout_s()))
-        except Exception:  # noqa: BLE001 - a rank gone or busy: the buffer stays here
-            given = False
+            unknown = False
+        except Exception:  # noqa: BLE001 - a rank gone or slow to answer
+            given, unknown = False, True
         with self._cond:
             self._counts["spares_given" if given else "spares_refused"] += 1
-        self.buffers.settle(rank, buffer, given=given)
+        # No answer: the rank may have adopted it all the same, so it is never reused here.
+        self.buffers.settle(rank, buffer, given=given or unknown)
 
     def _copied(self, rank: int, data: np.ndarray,
                 rest: FilledPayload | ShardPayload) -> ShardPayload:
