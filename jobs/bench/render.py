@@ -55,6 +55,12 @@ def load_overhead(results_dir: str) -> dict | None:
     return read_json(path) if os.path.exists(path) else None
 
 
+def load_overhead_checks(results_dir: str) -> list[tuple[str, dict]]:
+    """Before/after sittings of the overhead benchmark: (file name, document)."""
+    paths = sorted(glob.glob(os.path.join(results_dir, "overhead-checks", "*.json")))
+    return [(os.path.basename(p), read_json(p)) for p in paths]
+
+
 def load_gpu(results_dir: str) -> dict | None:
     path = os.path.join(results_dir, "gpu_check.json")
     return read_json(path) if os.path.exists(path) else None
@@ -110,6 +116,9 @@ def render(results_dir: str) -> str:
     oh = load_overhead(results_dir)
     if oh is not None:
         parts += [overhead.section(oh), ""]
+    checks = overhead.checks_section(oh, load_overhead_checks(results_dir))
+    if checks:
+        parts += [checks, ""]
     tier_doc = load_tiers(results_dir)
     if tier_doc is not None:
         parts += [tiers.section(tier_doc), ""]

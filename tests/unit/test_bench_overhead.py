@@ -351,6 +351,26 @@ def test_an_arm_from_another_checkout_names_that_checkouts_commit():
     assert "unrecorded" in _configuration({"durable_every": 8}, "ours@after")
 
 
+def test_before_and_after_pairs_each_arm_with_its_other_checkout_in_the_same_sitting():
+    from report.overhead import checks_section  # noqa: PLC0415
+
+    def paired(median):
+        return {"wall_mean_s": {"median": median, "min": median - 0.02, "max": median + 0.01,
+                                "n": 3}}
+
+    entry = {"size": "1gb", "arms": {"ours-nolocal": {}, "ours-nolocal@before": {},
+                                     "torchrun": {}, "ours@nowhere": {}},
+             "paired": {"ours-nolocal vs ours-nolocal@before": paired(-0.067)},
+             "sitting": {"date_utc": "2026-12-04 21:56 UTC", "reps": 3,
+                         "code": {"this": "ae34b01", "before": "6ecbb81"}}}
+    text = checks_section({"sizes": {"1gb": entry}}, [])
+    assert "| overhead.json | 1gb | 2026-12-04 21:56 UTC | ours-nolocal (ae34b01) | " \
+           "ours-nolocal@before (6ecbb81) | -6.7% (-8.7%–-5.7%) |" in text
+    assert "ours@nowhere" not in text  # its base arm did not run in that sitting
+    entry["arms"].pop("ours-nolocal@before")
+    assert checks_section({"sizes": {"1gb": entry}}, []) == ""
+
+
 def test_run_all_reruns_every_page_benchmark_with_the_pages_arms(monkeypatch):
     import run_all  # noqa: PLC0415
     from overhead.arms import PAGE_ARMS  # noqa: PLC0415

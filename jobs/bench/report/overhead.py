@@ -263,3 +263,45 @@ def section(doc: dict[str, Any]) -> str:
               [row for e in sizes for row in _threads(e, "ours")]),
     ]
     return "\n".join(lines)
+
+
+def checks_section(doc: dict[str, Any] | None, checks: list[tuple[str, dict[str, Any]]]) -> str:
+    """Before/after checks: every arm run from another checkout (`NAME@LABEL`) against `NAME` from
+    the same sitting, in the page's sitting (`doc`) and in check sittings (`checks`: (file name,
+    document)), with each check sitting's rows."""
+    rows, parts = [], []
+    sources = ([("overhead.json", doc)] if doc else []) + list(checks)
+    for name, source in sources:
+        for entry in _sizes(source):
+            own = entry.get("sitting", source)
+            code = own.get("code", {})
+            for arm in entry["arms"]:
+                base, _, label = arm.partition("@")
+                if not label or base not in entry["arms"]:
+                    continue
+                rows.append([name, entry["size"], own["date_utc"], f"{base} ({code.get('this')})",
+                             f"{arm} ({code.get(label)})",
+                             spread(_paired(entry, base, arm, "wall_mean_s")),
+                             spread(_paired(entry, base, arm, LATE)),
+                             spread(_paired(entry, base, arm, "process_cpu_mean_s"))])
+    for name, source in checks:
+        for entry in _sizes(source):
+            parts += [f"`{name}` ({_sittings(source, [entry])}; "
+                      f"`{entry.get('sitting', source)['command']}`):", "",
+                      table(["size", "arm", "ok", "step, median", "step, mean", "vs torchrun",
+                             "vs ours-disabled", "vs torchrun, 2nd half", "saves committed",
+                             "local interval", "start-up", "CPU per step", "RSS",
+                             "configuration"],
+                            [_row(entry, a) for a in source["arms"] if a in entry["arms"]]), ""]
+    if not rows:
+        return ""
+    return "\n".join([
+        "### Before and after", "",
+        "A change's effect, measured in one sitting: the library at the new commit against the "
+        "same arm at an older commit (`--arms NAME@LABEL --checkout LABEL=PATH`), interleaved "
+        "like the page's arms (paired medians of the new against the old, min-max over "
+        "repetitions). Sittings kept for this alone live in `docs/benchmarks/overhead-checks/`.",
+        "",
+        table(["results", "size", "sitting", "new", "old", "mean step", "mean step, 2nd half",
+               "CPU per step"], rows), "",
+        *parts]).rstrip()
