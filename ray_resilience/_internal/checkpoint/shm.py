@@ -37,9 +37,10 @@ import ray
 MAX_FREE_PER_KEY = 1
 """Idle buffers a writer keeps per rank for the next save (more are closed)."""
 MAX_MAPS_PER_OWNER = 4
-"""Buffers of one other process that a process keeps mapped: a rank maps at most three of its
-writer's (the save in flight, a durable save waiting for its commit, the memory tier), a writer
-two slots of each rank."""
+"""Buffers of one other process that a process keeps mapped: a GPU rank fills at most three of
+its writer's (the save in flight, a durable save waiting for its commit, the memory tier), a
+loader maps the memory tier, and a writer maps a rank's slots only where it cannot adopt them
+(`BufferPool.adopt` opens a file of its own instead of a mapping kept here)."""
 MAX_MAPS = 16
 
 
