@@ -6,6 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+from ray.exceptions import ActorUnschedulableError, RayActorError
+
+ACTOR_GONE = (RayActorError, ActorUnschedulableError)
+"""What a call raises when its actor is gone: it died, or it was pinned to a node that no longer
+exists (a writer or node agent of a lost node: Ray cannot place it again and says
+ActorUnschedulableError, which is not a RayActorError)."""
 
 
 def unfinished(refs: list[Any]) -> list[Any]:

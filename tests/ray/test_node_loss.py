@@ -14,6 +14,10 @@ import sys
 import pytest
 import torch
 
+from ray_resilience._internal.calls import ACTOR_GONE
+from ray_resilience._internal.checkpoint.rank.export import writer_failed
+from ray_resilience._internal.checkpoint.wire import SaveTicket
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -33,6 +37,33 @@ def _run(mode: str, data_dir: str, storage: str, clean=None) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     return json.loads(lines[-1])
+
+
+class _Pinned:
+    def ping(self) -> int:
+        return os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_a_call_to_an_actor_pinned_to_a_gone_node_counts_as_a_gone_actor(ray_session):
+    """Writers and node agents are pinned (hard) to their node. Once that node is gone, Ray
+    cannot place them and a call raises ActorUnschedulableError, which is no RayActorError: a
+    save that meets it fails as a dead writer's does (the writer is replaced), not as an
+    unexpected error that ends the run."""
+    from ray._raylet import NodeID  # noqa: PLC0415 - this test's only use
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
+
+    gone = NodeID.from_random().hex()
+    actor = ray_session.remote(_Pinned).options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(gone, soft=False)).remote()
+    with pytest.raises(ACTOR_GONE) as caught:
+        ray_session.get(actor.ping.remote(), timeout=60)
+    replaced = []
+    ticket = SaveTicket(session="s", step=4, rank=1, world_size=2, items=None, owned=[],
+                        planner_data=None, staged_at=0.0)
+    outcome = writer_failed(ticket, "writer-gone", caught.value, lambda: replaced.append(True))
+    assert replaced == [True], "a writer on a gone node must be replaced"
+    assert not outcome.ok and "writer-gone died" in outcome.error, outcome
 
 
 @pytest.mark.slow  # ~75 s: a 3-node cluster of its own in a subprocess

@@ -16,6 +16,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ray_resilience._internal.attempt import AttemptSpec
+from ray_resilience._internal.calls import ACTOR_GONE
 from ray_resilience._internal.constants import (
     DEFAULT_SLOW_WAIT_WARNING_S,
     SLOW_WAIT_WARNING_ENV_VAR,
@@ -211,7 +212,7 @@ class WorkerGroup(RankCalls):
         for ref in ready:
             try:
                 batches.append(ray.get(ref))
-            except ray.exceptions.RayActorError:  # its node is gone, and the batch with it
+            except ACTOR_GONE:  # its node is gone, and the batch with it
                 self.agents.pop(refs[ref], None)
         return batches
 

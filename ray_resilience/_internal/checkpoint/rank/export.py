@@ -27,8 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError
 
+from ray_resilience._internal.calls import ACTOR_GONE
 from ray_resilience._internal.checkpoint.rank.slots import RankSaveStats, Slot, SlotPool
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
@@ -187,7 +188,7 @@ class SnapshotExports:
             if answer is not None and answer != NEED_PLAN:
                 return ShardOutcome(ticket.session, ticket.step, False, str(answer))
             return None
-        except (RayActorError, GetTimeoutError) as exc:
+        except (*ACTOR_GONE, GetTimeoutError) as exc:
             return writer_failed(ticket, writer_id, exc, self._replace_writer)
         finally:
             boxed.clear()  # the writer holds its own object now (or the save is lost): free ours
@@ -195,9 +196,9 @@ class SnapshotExports:
 
 def writer_failed(ticket: SaveTicket, writer_id: str, exc: Exception,
                   replace_writer: Callable[[], None]) -> ShardOutcome:
-    """The failed outcome of a save whose call to its writer raised `exc` (RayActorError: the
-    writer died and is replaced; GetTimeoutError: it did not answer)."""
-    if isinstance(exc, RayActorError):
+    """The failed outcome of a save whose call to its writer raised `exc` (ACTOR_GONE: the
+    writer died or its node is gone, and it is replaced; GetTimeoutError: it did not answer)."""
+    if isinstance(exc, ACTOR_GONE):
         replace_writer()
         return ShardOutcome(ticket.session, ticket.step, False,
                             f"writer {writer_id} died during the save ({type(exc).__name__})")

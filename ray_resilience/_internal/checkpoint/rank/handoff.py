@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError
 
+from ray_resilience._internal.calls import ACTOR_GONE
 from ray_resilience._internal.checkpoint.format.extra_codec import ExtraSnapshot
 from ray_resilience._internal.checkpoint.rank.copier import Copier, new_job
 from ray_resilience._internal.checkpoint.rank.drops import DropReporter
@@ -462,7 +463,7 @@ class HandoffPipeline:
                                    "(writer %s)", self.rank, ticket.step,
                                    now - deadline + self.config.write_timeout_s, writer_id)
                     next_warning = now + self.config.warn_interval_s
-        except (RayActorError, GetTimeoutError) as exc:
+        except (*ACTOR_GONE, GetTimeoutError) as exc:
             return writer_failed(ticket, writer_id, exc, self._replace_writer)
 
     def _finish_write(self, ticket: SaveTicket, outcome: ShardOutcome) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from ray_resilience._internal.calls import ACTOR_GONE
 from ray_resilience._internal.checkpoint.format import layout
 from ray_resilience._internal.checkpoint.format.lease import Fence
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
@@ -238,7 +239,7 @@ class CommitCoordinator:
                 ray.get(handle.commit_step.remote(session, step, pickled, self._fence),
                         timeout=self.config.write_timeout_s)
                 return None, ""
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            except (*ACTOR_GONE, ray.exceptions.GetTimeoutError) as exc:
                 error = f"writer {writer_id} is gone ({type(exc).__name__})"
                 continue  # another writer can commit it: the shards are durable
             except Exception as exc:  # noqa: BLE001 - storage refused it: the step stays uncommitted
