@@ -48,7 +48,14 @@ def test_a_killed_coordinator_restarts_and_the_run_loses_no_commit(clean_run, to
     dropped = {d["step"]: d for d in result.checkpoint["dropped"]}
     assert result.checkpoint["latest_committed_step"] == 12 and 12 in committed
     assert set(range(2, 13, 2)) <= committed | set(dropped), (committed, dropped)
-    assert len(set(dropped) - committed) <= 2, dropped  # at most the saves the faults cut
+    # What the faults may cost: the saves before the exception at step 9 that were not committed
+    # when the coordinator died at step 5 or were asked for while it restarted (the restart of
+    # a coordinator takes seconds, steps take a fraction of one), which the new attempt after
+    # the exception gives up; and any save a busy machine coalesced into the next one. Every
+    # other save commits, the last one included.
+    lost = {step: d for step, d in dropped.items() if step not in committed}
+    assert all(step < 9 or d["kind"] == "coalesced" for step, d in lost.items()), lost
+    assert all(d["kind"] in ("restart", "not_committed", "coalesced") for d in lost.values()), lost
 
 
 def test_a_save_dropped_after_report_is_listed_and_warned_about(clean_run, token_data_dir,
