@@ -41,14 +41,18 @@ def _median(values: list[float]) -> float | None:
 
 
 def _totals(entry: dict[str, Any], arm: str) -> tuple[float | None, float | None]:
-    """Median over repetitions of the CPU per step and peak RSS summed over every process."""
-    cpu, rss = [], []
+    """Median over repetitions of the CPU per step summed over every process, and of the run's
+    peak memory: private memory plus shared memory counted once (a rank's staging slot that its
+    writer maps too is one buffer, not two; the per-process RSS sum counts it twice)."""
+    cpu, memory = [], []
     for run in entry["runs"]:
         acc = run.get("accounting")
         if run["arm"] == arm and acc and acc["processes"]:
             cpu.append(sum(p["cpu_per_step_s"] for p in acc["processes"].values()))
-            rss.append(sum(p["rss_bytes"] for p in acc["processes"].values()))
-    return _median(cpu), _median(rss)
+        peak = (run.get("usage") or {}).get("peak_memory_bytes")
+        if run["arm"] == arm and run.get("status") == "ok" and peak:
+            memory.append(peak)
+    return _median(cpu), _median(memory)
 
 
 def _intervals(entry: dict[str, Any], arm: str) -> str:
@@ -78,7 +82,7 @@ def _configuration(entry: dict[str, Any], arm: str) -> str:
 
 def _row(entry: dict[str, Any], arm: str) -> list[str]:
     s = entry["arms"][arm]
-    cpu, rss = _totals(entry, arm)
+    cpu, memory = _totals(entry, arm)
     config = _configuration(entry, arm)
     return [entry["size"], arm, f"{s['ok']}/{s['runs']}",
             spread(s["wall_median_s"], ms), spread(s["wall_mean_s"], ms),
@@ -86,7 +90,7 @@ def _row(entry: dict[str, Any], arm: str) -> list[str]:
             spread(_paired(entry, arm, "ours-disabled", "wall_mean_s")),
             spread(_paired(entry, arm, "torchrun", LATE)),
             _saves(entry, arm), _intervals(entry, arm), spread(s["startup"]["total"], sec),
-            ms(cpu), mb(None if rss is None else rss / 1e6), config]
+            ms(cpu), mb(None if memory is None else memory / 1e6), config]
 
 
 COMM_MAX = 15
@@ -240,11 +244,14 @@ def section(doc: dict[str, Any]) -> str:
         "checkpoints committed / asked for in each run (every saving arm must do the same "
         "work). CPU and memory: every "
         "process the run started, summed, between two steps after the warm-up (CPU per training "
-        "step; peak resident memory).", "",
+        "step); peak memory: the run's largest private memory of those processes plus the growth "
+        "of the machine's shared memory since the run started (/proc/meminfo Shmem), so a "
+        "staging buffer a rank and its writer both map counts once; the median over "
+        "repetitions.", "",
         table(["size", "arm", "ok", "step, median", "step, mean", "vs torchrun",
                "vs ours-disabled", "vs torchrun, 2nd half", "saves committed", "local interval",
                "start-up",
-               "CPU per step", "RSS",
+               "CPU per step", "peak memory",
                "configuration"],
               [_row(e, a) for e in sizes for a in arms if a in e["arms"]]), "",
         "Targets (paired medians of the mean step): " + "; ".join(verdicts(doc)) + ".", "",
@@ -254,7 +261,8 @@ def section(doc: dict[str, Any]) -> str:
         table(["size", "part", "arms", "mean step, more by", "in the run's 2nd half"],
               [row for e in sizes for row in split_rows(e)]), "",
         *([write_costs(sizes), ""] if write_costs(sizes) else []),
-        "Where ours' CPU and memory go (its first complete run per size), per process:", "",
+        "Where ours' CPU and memory go (its first complete run per size), per process (RSS "
+        "counts a shared page in every process that maps it):", "",
         table(["size", "process", "count", "CPU per step", "share of a core", "RSS"],
               [row for e in sizes for row in _roles(e, "ours")]), "",
         f"and the {THREADS_SHOWN} busiest threads of the two rank processes (summed over ranks; "
@@ -290,7 +298,7 @@ def checks_section(doc: dict[str, Any] | None, checks: list[tuple[str, dict[str,
                       f"`{entry.get('sitting', source)['command']}`):", "",
                       table(["size", "arm", "ok", "step, median", "step, mean", "vs torchrun",
                              "vs ours-disabled", "vs torchrun, 2nd half", "saves committed",
-                             "local interval", "start-up", "CPU per step", "RSS",
+                             "local interval", "start-up", "CPU per step", "peak memory",
                              "configuration"],
                             [_row(entry, a) for a in source["arms"] if a in entry["arms"]]), ""]
     if not rows:
