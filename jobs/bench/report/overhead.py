@@ -262,7 +262,10 @@ def section(doc: dict[str, Any]) -> str:
               [row for e in sizes for row in split_rows(e)]), "",
         *([write_costs(sizes), ""] if write_costs(sizes) else []),
         "Where ours' CPU and memory go (its first complete run per size), per process (RSS "
-        "counts a shared page in every process that maps it):", "",
+        "counts a shared page in every process that maps it; `default_worker.py` is a Ray "
+        "worker process no actor has claimed: ours' prestarted worker "
+        "(`InJobConfig.num_prestarted_workers`) importing torch on an idle-priority thread, "
+        "once per run):", "",
         table(["size", "process", "count", "CPU per step", "share of a core", "RSS"],
               [row for e in sizes for row in _roles(e, "ours")]), "",
         f"and the {THREADS_SHOWN} busiest threads of the two rank processes (summed over ranks; "
