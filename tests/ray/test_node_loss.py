@@ -50,10 +50,9 @@ def test_a_call_to_an_actor_pinned_to_a_gone_node_counts_as_a_gone_actor(ray_ses
     cannot place them and a call raises ActorUnschedulableError, which is no RayActorError: a
     save that meets it fails as a dead writer's does (the writer is replaced), not as an
     unexpected error that ends the run."""
-    from ray._raylet import NodeID  # noqa: PLC0415 - this test's only use
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
 
-    gone = NodeID.from_random().hex()
+    gone = ray_session.NodeID.from_random().hex()
     actor = ray_session.remote(_Pinned).options(
         num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(gone, soft=False)).remote()
     with pytest.raises(ACTOR_GONE) as caught:
