@@ -27,7 +27,13 @@ from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket
 from ray_resilience.examples.llama import build_model
 from tests.support.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
 from tests.support.checkpoint_service import assert_same, start_service, step_folder, wait_committed
-from tests.support.procfs import SCHED_BATCH, SCHED_IDLE, SCHED_OTHER, thread_policies
+from tests.support.procfs import (
+    SCHED_BATCH,
+    SCHED_IDLE,
+    SCHED_OTHER,
+    thread_nices,
+    thread_policies,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -379,18 +385,28 @@ def test_a_ranks_checkpoint_threads_never_preempt_its_training_thread(two_ranks)
     assert set(ours.values()) == {SCHED_BATCH} and policies["caller"] == SCHED_OTHER, policies
 
 
-@pytest.mark.parametrize("policy, expected", [("coalesce", SCHED_IDLE), ("block", SCHED_OTHER)])
+@pytest.mark.parametrize("policy, job_nice, expected", [
+    ("coalesce", None, ("nice", SCHED_OTHER, 11)),  # ranks at 0, writers 11 levels below
+    ("block", None, ("normal", SCHED_OTHER, 0)),
+    ("coalesce", "15", ("idle", SCHED_IDLE, None)),  # a job that keeps Ray's nice 15
+])
 def test_writers_run_below_the_ranks_unless_training_waits_for_them(ray_session, tmp_path, policy,
-                                                                    expected):
-    """By default every thread of a writer is at SCHED_IDLE (5), below any rank thread; under
-    `block` training waits for the writer, which keeps Ray's SCHED_OTHER (0)."""
+                                                                    job_nice, expected,
+                                                                    monkeypatch):
+    """Writers start at the ranks' nice value (0 unless the job sets `RAY_worker_niceness`) and
+    every thread goes 11 levels below it, or to SCHED_IDLE where that passes 19; under `block`
+    training waits for the writer, which keeps the ranks' priority."""
+    if job_nice is not None:  # the job's runtime env, as the supervisor would see it
+        monkeypatch.setenv("RAY_worker_niceness", job_nice)
     service = start_service(str(tmp_path), 1, in_flight_policy=policy)
     try:
         writer = service.rank_spec(0).writer
-        service.wait_ready()  # the one-time import thread (kept at Ray's priority) is done
+        service.wait_ready()  # the one-time import thread (kept at the ranks' priority) is done
         info = ray.get(writer.ping.remote(), timeout=60)
-        assert info["priority"] == ("idle" if policy == "coalesce" else "normal")
-        policies = thread_policies(info["pid"])
-        assert policies and all(p == expected for p in policies.values()), policies
+        policies, nices = thread_policies(info["pid"]), thread_nices(info["pid"])
+        # A nice value means nothing under SCHED_IDLE (some of Ray's threads keep 0 there).
+        found = {(info["priority"], policies[t], None if policies[t] == SCHED_IDLE else nices[t])
+                 for t in policies if t in nices}
+        assert found == {expected}, found
     finally:
         service.shutdown()

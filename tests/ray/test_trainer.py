@@ -99,7 +99,8 @@ def test_context_and_env_vars(ray_session, tmp_path):
         return {"rank": ctx.world_rank, "world": ctx.world_size, "local": ctx.local_rank,
                 "node": ctx.node_rank, "attempt": ctx.attempt, "device": str(ctx.device),
                 "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                   "MASTER_ADDR", "MASTER_PORT")}}
+                                                   "MASTER_ADDR", "MASTER_PORT")},
+                "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
     result = rr.ResilientTrainer(
         loop, scaling_config=rr.ScalingConfig(num_workers=2),
@@ -110,6 +111,7 @@ def test_context_and_env_vars(ray_session, tmp_path):
         assert value["rank"] == rank and value["world"] == 2 and value["local"] == rank
         assert value["node"] == 0 and value["attempt"] == 0 and value["device"] == "cpu"
         assert value["env"]["RANK"] == str(rank) and value["env"]["WORLD_SIZE"] == "2"
+        assert value["nice"] == 0  # as under torchrun, not the nice 15 Ray gives its workers
     envs = [value["env"] for value in result.return_values]
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
     # The start-up is timed: the supervisor's steps and each rank process's, in order.

@@ -10,6 +10,15 @@ SCHED_OTHER, SCHED_BATCH, SCHED_IDLE = 0, 3, 5
 def thread_policies(pid: int) -> dict[int, int]:
     """tid -> scheduling policy (field 41 of /proc/<pid>/task/<tid>/stat) of every thread of
     `pid`; empty when the process is gone."""
+    return _stat_field(pid, 41)
+
+
+def thread_nices(pid: int) -> dict[int, int]:
+    """tid -> nice value (field 19 of /proc/<pid>/task/<tid>/stat) of every thread of `pid`."""
+    return _stat_field(pid, 19)
+
+
+def _stat_field(pid: int, field: int) -> dict[int, int]:
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -21,5 +30,5 @@ def thread_policies(pid: int) -> dict[int, int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # the thread ended meanwhile
-        found[int(tid)] = int(fields[38])
+        found[int(tid)] = int(fields[field - 3])  # fields[0] is field 3, the state
     return found

@@ -155,7 +155,7 @@ def _preimport(modules: tuple[str, ...]) -> None:
     try:
         from ray_resilience._internal.priority import lower_thread  # noqa: PLC0415 - inside the try: may not fail the hook
 
-        stats["policy"] = lower_thread("background")
+        stats["policy"] = lower_thread("idle")
 
         for name in modules:
             importlib.import_module(name)

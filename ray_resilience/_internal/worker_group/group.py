@@ -24,6 +24,7 @@ from ray_resilience._internal.constants import (
     env_float,
 )
 from ray_resilience._internal.control.node_agent import forward_interval_s, start_agent
+from ray_resilience._internal.priority import rank_niceness
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.worker_group import startup
@@ -60,7 +61,8 @@ class WorkerGroup(RankCalls):
         self.prestarter = WorkerPrestarter(num_prestarted)
         self.preimport_key = f"preimport-{uuid.uuid4().hex}"
         """The run's switch for the rank processes' background import (`preimport`)."""
-        self._rank_env = preimport.rank_env_vars(env_vars, self.preimport_key)
+        self._rank_env = {**preimport.rank_env_vars(env_vars, self.preimport_key),
+                          **rank_niceness(env_vars)}
         self._rank_runtime_env: str | None = None
         """The ranks' runtime env as the raylet serialized it: prestarted workers are asked for
         with it, so only rank actors take them."""
@@ -160,9 +162,8 @@ class WorkerGroup(RankCalls):
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=bundle.pg, placement_group_bundle_index=bundle.index),
         }
-        env = self._env_vars if spare else self._rank_env
-        if env:
-            options["runtime_env"] = {"env_vars": env}
+        env = {**self._env_vars, **rank_niceness(self._env_vars)} if spare else self._rank_env
+        options["runtime_env"] = {"env_vars": env}
         return ray.remote(WorkerActor).options(**options).remote(
             self._train_fn, self._train_config, self._supervisor)
 

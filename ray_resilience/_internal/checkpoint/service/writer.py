@@ -106,7 +106,7 @@ class CheckpointWriter:
         self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io",
                                  "ray_resilience._internal.checkpoint.format.dcp_metadata")
                       if config.interval_steps else WarmImport())
-        # Writer threads at the configured priority; the one-time import keeps Ray's.
+        # Writer threads at the configured priority; the one-time import keeps the ranks'.
         self.priority = lower_process(config.writer_priority_now, keep=(self._warm.thread_id,))
 
     def ping(self) -> dict[str, Any]:

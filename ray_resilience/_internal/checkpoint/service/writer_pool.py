@@ -22,6 +22,7 @@ from ray_resilience._internal.constants import (
     WRITER_START_TIMEOUT_ENV_VAR,
     env_float,
 )
+from ray_resilience._internal.priority import rank_niceness
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointError
 
@@ -210,7 +211,9 @@ def launch_writer(*, storage: CheckpointStorage, config: CheckpointConfig, coord
         budget = object_store_bytes(node_id)
     actor = ray.remote(CheckpointWriter).options(
         num_cpus=0, max_concurrency=WRITER_MAX_CONCURRENCY, max_restarts=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        # At the ranks' nice value: its "background" threads then sit a fixed step below them.
+        runtime_env={"env_vars": rank_niceness()})
     per_writer = None if budget is None else budget // config.writers_per_node
     handle = actor.remote(writer_id=writer_id, storage=storage, config=config,
                           coordinator=coordinator, memory_budget_bytes=per_writer,
