@@ -46,6 +46,9 @@ def lower_thread(how: str, tid: int = 0, *, base: int | None = None) -> str:
                 base = os.getpriority(os.PRIO_PROCESS, native)
             target = base + BACKGROUND_STEPS
             if target <= 19:
+                # SCHED_BATCH too: like SCHED_IDLE, a writer waking after a long sleep never
+                # preempts a rank (CFS would credit it the sleep and run it at once).
+                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
                 os.setpriority(os.PRIO_PROCESS, native, target)
                 return "nice"
         except (AttributeError, OSError):

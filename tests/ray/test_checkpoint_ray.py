@@ -386,7 +386,7 @@ def test_a_ranks_checkpoint_threads_never_preempt_its_training_thread(two_ranks)
 
 
 @pytest.mark.parametrize("policy, job_nice, expected", [
-    ("coalesce", None, ("nice", SCHED_OTHER, 11)),  # ranks at 0, writers 11 levels below
+    ("coalesce", None, ("nice", SCHED_BATCH, 11)),  # ranks at 0, writers 11 levels below
     ("block", None, ("normal", SCHED_OTHER, 0)),
     ("coalesce", "15", ("idle", SCHED_IDLE, None)),  # a job that keeps Ray's nice 15
 ])

@@ -34,7 +34,7 @@ def _background_from(nice: int) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities: Linux")
 def test_background_is_eleven_nice_levels_below_a_rank_at_nice_0():
     assert _background_from(0) == {"how": "nice", "nice": BACKGROUND_STEPS,
-                                   "policy": os.SCHED_OTHER}
+                                   "policy": os.SCHED_BATCH}
 
 
 @pytest.mark.timeout(60)
