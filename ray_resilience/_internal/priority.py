@@ -1,9 +1,9 @@
 """CPU priority of the run's processes and of background threads beside training threads
 (Linux). Ranks and writers start at nice 0, as training runs outside Ray (Ray starts its workers
-at nice 15 unless `RAY_worker_niceness` says otherwise). Background threads: "background" (about
-a twelfth of a core against a busy training thread), "low" (nice 19), "idle" (SCHED_IDLE: only
-CPU nothing else wants) and `defer_wakeups` (SCHED_BATCH: no priority given up, but its wake-ups
-never preempt). Why: docs/design.md, section 7.
+at nice 15 unless `RAY_worker_niceness` says otherwise). Background threads: "background"
+(SCHED_BATCH, about a twelfth of a core against a busy training thread), "low" (nice 19), "idle"
+(SCHED_IDLE: only CPU nothing else wants) and `defer_wakeups` (SCHED_BATCH: no priority given
+up, but its wake-ups never preempt). Why: docs/design.md, sections 2 and 7.
 """
 
 from __future__ import annotations

@@ -59,10 +59,11 @@ class CheckpointConfig:
     writers_per_node: int = 1
     """Writer actors per node hosting ranks; ranks on a node are spread across them."""
     writer_priority: WriterPriority = "auto"
-    """CPU priority of the writers' threads: "background" (11 nice levels below the ranks, about
-    a twelfth of a core against a busy rank; SCHED_IDLE where that passes 19), "low" (nice 19),
-    "inherit" (the ranks'); "auto": background, but inherit under `in_flight_policy="block"`.
-    Ranks and writers start at nice 0 unless the job's runtime env sets `RAY_worker_niceness`."""
+    """CPU priority of the writers' threads: "background" (SCHED_BATCH 11 nice levels below the
+    ranks, about a twelfth of a core against a busy rank; SCHED_IDLE where that passes 19),
+    "low" (nice 19), "inherit" (the ranks'); "auto": background, but inherit under
+    `in_flight_policy="block"`. Ranks and writers start at nice 0 unless the job's runtime env
+    sets `RAY_worker_niceness`."""
 
     num_storage_retries: int = 3
     """Retries of a failed storage write (S3 outage, network) before the save is given up."""
