@@ -20,7 +20,7 @@ from an actor's `runtime_env` env vars, so a process started with it at 0 needs 
 RANK_NICENESS = "0"
 """Where the job does not set `RAY_worker_niceness`: ranks and writers start at nice 0, as
 under torchrun. At Ray's 15 every wake-up of Ray's own daemons (nice 0) preempts a rank in the
-middle of a step its peers wait for (docs/design.md, section 7)."""
+middle of a step its peers wait for (docs/design.md, section 2)."""
 BACKGROUND_STEPS = 11
 """How many nice levels "background" puts a thread below its process: CFS weight 1024 against
 87 at nice 0 and 11, about a twelfth of a core against a busy training thread."""
@@ -47,7 +47,7 @@ def lower_thread(how: str, tid: int = 0, *, base: int | None = None) -> str:
             target = base + BACKGROUND_STEPS
             if target <= 19:
                 # SCHED_BATCH too: like SCHED_IDLE, a writer waking after a long sleep never
-                # preempts a rank (CFS would credit it the sleep and run it at once).
+                # preempts a running rank (the scheduler would otherwise let it in at once).
                 os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
                 os.setpriority(os.PRIO_PROCESS, native, target)
                 return "nice"

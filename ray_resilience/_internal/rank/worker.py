@@ -66,14 +66,6 @@ def _wait_listening(host: str, port: int, timeout_s: float) -> None:
             time.sleep(interval_s)
 
 
-def _nice() -> int | None:
-    """The nice value this rank's process started at (`priority.rank_niceness`)."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, 0)
-    except (AttributeError, OSError):
-        return None
-
-
 def _serialized_runtime_env() -> str | None:
     """This actor's runtime env as the raylet keys worker processes (None if Ray's internals moved).
     """
@@ -136,7 +128,7 @@ class Worker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "runtime_env": _serialized_runtime_env(), "nice": _nice()}
+                "runtime_env": _serialized_runtime_env()}
 
     def prewarm(self) -> None:
         """Imports what every attempt needs, runs one FSDP2 step and restore on a toy model, and
