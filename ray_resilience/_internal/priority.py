@@ -26,12 +26,12 @@ BACKGROUND_STEPS = 11
 87 at nice 0 and 11, about a twelfth of a core against a busy training thread."""
 
 
-def rank_niceness(user_env: dict[str, str] | None = None) -> dict[str, str]:
+def rank_niceness() -> dict[str, str]:
     """The env var that starts a run's ranks and writers at their nice value: the job's own
-    `RAY_worker_niceness` (its runtime env, or `user_env`) where it sets one, else 0."""
-    chosen = (user_env or {}).get(RAY_WORKER_NICENESS_ENV_VAR,
-                                  os.environ.get(RAY_WORKER_NICENESS_ENV_VAR, RANK_NICENESS))
-    return {RAY_WORKER_NICENESS_ENV_VAR: chosen}
+    `RAY_worker_niceness` (its runtime env, which the supervisor inherits) where it sets one,
+    else 0."""
+    return {RAY_WORKER_NICENESS_ENV_VAR: os.environ.get(RAY_WORKER_NICENESS_ENV_VAR,
+                                                        RANK_NICENESS)}
 
 
 def lower_thread(how: str, tid: int = 0, *, base: int | None = None) -> str:

@@ -62,7 +62,7 @@ class WorkerGroup(RankCalls):
         self.preimport_key = f"preimport-{uuid.uuid4().hex}"
         """The run's switch for the rank processes' background import (`preimport`)."""
         self._rank_env = {**preimport.rank_env_vars(env_vars, self.preimport_key),
-                          **rank_niceness(env_vars)}
+                          **rank_niceness()}
         self._rank_runtime_env: str | None = None
         """The ranks' runtime env as the raylet serialized it: prestarted workers are asked for
         with it, so only rank actors take them."""
@@ -162,7 +162,7 @@ class WorkerGroup(RankCalls):
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=bundle.pg, placement_group_bundle_index=bundle.index),
         }
-        env = {**self._env_vars, **rank_niceness(self._env_vars)} if spare else self._rank_env
+        env = {**self._env_vars, **rank_niceness()} if spare else self._rank_env
         options["runtime_env"] = {"env_vars": env}
         return ray.remote(WorkerActor).options(**options).remote(
             self._train_fn, self._train_config, self._supervisor)
