@@ -45,12 +45,21 @@ def _equal(a: dict, b: dict) -> bool:
 
 
 def _save(store: LocalSnapshots, step: int, session: str, model, optimizer,
-          extra: bytes = b"", cache: StateCache | None = None) -> bool:
-    """What the pipeline does for a local step: a staging copy, then the file write."""
+          extra: bytes = b"", cache: StateCache | None = None, *, direct: bool = False) -> bool:
+    """What the pipeline does for a local step: a staging copy, then the file write; with
+    `direct` (a local-only step on CPU), the copy straight into the file's mapping."""
     source = (cache or StateCache()).source(model, optimizer)
-    buffers = StagingBuffers(source.items, source.tensors)
-    buffers.copy_now(source.tensors, list(range(len(source.tensors))))
     target = LocalWrite(session, step, layout_digest(source.items))
+    everything = list(range(len(source.tensors)))
+    if direct:
+        file, memory = store.begin_direct(StagingBuffers.length(source.items),
+                                          sum(map(len, source.blobs)) + len(extra))
+        buffers = StagingBuffers(source.items, source.tensors, memory=memory)
+        buffers.copy_now(source.tensors, everything)
+        return store.finish_direct(target, file, buffers.data, StagingBuffers.ALIGN,
+                                   source.blobs, extra)
+    buffers = StagingBuffers(source.items, source.tensors)
+    buffers.copy_now(source.tensors, everything)
     return store.write(target, buffers.payload([], b"").arrays, source.blobs, extra)
 
 

@@ -174,7 +174,8 @@ def test_an_overlapped_local_snapshot_holds_the_next_optimizer_step_until_copied
 def test_a_local_step_waits_for_the_previous_local_write_and_says_how_long(tmp_path):
     """Local-tier-only snapshots hold one slot at a time (the other two are the saves'): a local
     step staged while the previous one is still copying waits for it, and the pipeline reports
-    that wait apart from the write's own cost; both steps end up on file."""
+    that wait apart from the write's own cost; both steps end up on file. On CPU each one's slot
+    is laid over the file it goes to: no staging memory."""
     model, optimizer = _trained()
     config = CheckpointConfig(snapshot="overlap")
     store = LocalSnapshots(str(tmp_path), 0)
@@ -194,7 +195,8 @@ def test_a_local_step_waits_for_the_previous_local_write_and_says_how_long(tmp_p
                 assert pipeline.take_slot_wait_s() == 0.0
         assert pipeline.take_slot_wait_s() > 0.0  # step 2 waited for step 1's slot
         assert pipeline.stats.counts["local_slot_waits"] >= 1
-        assert len(pipeline.pool.slots) == 1
+        assert sorted(s.direct for s in pipeline.pool.slots) == [0, 1]
+        assert pipeline.pool.staging_bytes == 0
         assert pipeline.wait_local_idle(30)
     finally:
         pipeline.close()

@@ -37,6 +37,7 @@ from ray_resilience._internal.checkpoint.rank.local.tier import (
     HEADER_BYTES,
     LocalSnapshots,
 )
+from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
@@ -70,6 +71,65 @@ def test_restores_the_newest_step_bit_for_bit_and_alternates_files(tmp_path):
     loaded = _restore(store, fresh_model, fresh_opt)
     assert (loaded.step, loaded.tier, loaded.extra["step"]) == (3, "local", 3)
     assert _equal(_state(fresh_model, fresh_opt), expected[3])
+
+
+def _mixed() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Parameters of odd byte sizes in three dtypes: packed back to back, most would start at
+    an address their dtype cannot be viewed from."""
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(torch.randn(3, dtype=torch.bfloat16))
+    model.b = torch.nn.Parameter(torch.randn(5, 7))
+    model.c = torch.nn.Parameter(torch.randn(1, dtype=torch.float64))
+    model.register_buffer("n", torch.tensor([3], dtype=torch.int64))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _mixed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=generator).to(p.dtype)
+    optimizer.step()
+    model.n += 1
+
+
+@pytest.mark.parametrize("model_kind", ["llama", "mixed"])
+def test_direct_and_staged_writes_alternate_and_restore_bit_for_bit(tmp_path, model_kind):
+    """A local-only step on CPU is copied straight into its file's mapping, 64-byte aligned; a
+    save step's snapshot is written from its staging slot, back to back. Either kind may follow
+    the other in the two files, and each restores bit-exact in a fresh process's objects."""
+    build, step_fn = (_trained, _step) if model_kind == "llama" else (_mixed, _mixed_step)
+    model, optimizer = build()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
+    for step, direct in ((1, True), (2, False), (3, True), (4, True), (5, False)):
+        step_fn(model, optimizer, step)
+        assert _save(store, step, "s", model, optimizer, encode_extra({"step": step}), cache,
+                     direct=direct)
+        headers = {h["step"]: h for h in map(store._read_header, (0, 1)) if h}
+        assert headers[step]["align"] == (64 if direct else 1)
+        expected = _state(model, optimizer)
+        fresh_model, fresh_opt = build()
+        loaded = _restore(LocalSnapshots(str(tmp_path), 0), fresh_model, fresh_opt)
+        assert (loaded.step, loaded.extra["step"]) == (step, step)
+        assert _equal(_state(fresh_model, fresh_opt), expected)
+
+
+def test_a_direct_copy_cut_short_is_never_offered_and_the_previous_step_is(tmp_path):
+    """A rank killed while its tensors were being copied into the file's mapping leaves that
+    file marked "writing": the other file's step is the one offered and restored."""
+    model, optimizer = _trained()
+    store, cache = LocalSnapshots(str(tmp_path), 0), StateCache()
+    _step(model, optimizer, 1)
+    assert _save(store, 1, "s", model, optimizer, encode_extra({}), cache, direct=True)
+    expected = _state(model, optimizer)
+    _step(model, optimizer, 2)
+    source = cache.source(model, optimizer)
+    file, memory = store.begin_direct(StagingBuffers.length(source.items), 0)
+    memory[: memory.nbytes // 2] = 7  # half a copy, then the process dies
+    assert [(s.step, s.session) for s in LocalSnapshots(str(tmp_path), 0).slots()] == [(1, "s")]
+    fresh_model, fresh_opt = _trained(seed=3)
+    assert _restore(LocalSnapshots(str(tmp_path), 0), fresh_model, fresh_opt).step == 1
+    assert _equal(_state(fresh_model, fresh_opt), expected)
+    assert file == 1
 
 
 def test_a_torn_file_is_never_offered_and_the_other_step_is(tmp_path):

@@ -5,6 +5,7 @@ save after the first was skipped)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ray_resilience._internal.checkpoint.rank.slots import (
@@ -13,6 +14,7 @@ from ray_resilience._internal.checkpoint.rank.slots import (
     SlotPool,
     SlotState,
 )
+from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.wire import SaveTicket
 from tests.support.local_snapshots import _trained
@@ -71,3 +73,25 @@ def test_a_local_step_waits_for_the_previous_local_write_not_for_a_save(source):
     both, _ = _take(pool, source, 10, save=True, state=SlotState.LOCAL)
     both.local = LocalWrite("s", 10, "digest")
     assert both is not local and pool.local_only() == [local]
+
+
+def test_a_slot_laid_over_a_local_file_is_never_a_saves_and_holds_no_staging_memory(source):
+    """On CPU a local-only step's slot is the local file's mapping: a save never takes it (its
+    snapshot must be shared memory the writer can adopt), it counts in the local-only share, it
+    is reused while its file's mapping and the layout hold, and it goes when the tier does."""
+    pool = SlotPool()
+    memory = [np.zeros(StagingBuffers.length(source.items), np.uint8) for _ in range(2)]
+    direct = pool.acquire_direct(source.items, source.tensors, 0, memory[0])
+    assert direct.direct == 0 and direct.buffers.handle is None and pool.staging_bytes == 0
+    assert direct.buffers.data.ctypes.data == memory[0].ctypes.data
+    direct.state, direct.local = SlotState.COPYING, LocalWrite("s", 1, "digest")
+    assert pool.acquire_direct(source.items, source.tensors, 1, memory[1]) is None  # share full
+    direct.release()
+    save, _ = _take(pool, source, 2, save=True, state=SlotState.STAGED)
+    assert save is not direct and save.direct is None and save.buffers.handle is not None
+    assert pool.acquire_direct(source.items, source.tensors, 0, memory[0]) is direct
+    other = pool.acquire_direct(source.items, source.tensors, 1, memory[1])
+    assert other is not direct and other.direct == 1
+    assert pool.staging_bytes == save.buffers.nbytes
+    pool.drop_direct()
+    assert pool.slots == [save]

@@ -32,6 +32,16 @@ def item_nbytes(item: WriteItem) -> int:
     return numel * item.tensor_data.properties.dtype.itemsize
 
 
+def aligned_spans(sizes: list[int], align: int) -> tuple[list[tuple[int, int]], int]:
+    """(offset, size) of each of `sizes` laid out in order, each at a multiple of `align`, and
+    the length of the whole (the last end rounded up to `align`)."""
+    spans, at = [], 0
+    for n in sizes:
+        spans.append((at, n))
+        at += -(-n // align) * align
+    return spans, at
+
+
 def layout_key(items: list[WriteItem]) -> tuple:
     """What a snapshot must match to be copied into a rank's state (names, offsets, shapes,
     dtypes)."""
@@ -92,14 +102,10 @@ class ShardPayload:
         return {**self.__dict__, "keep": None}
 
     @classmethod
-    def packed(cls, data: np.ndarray, sizes: list[int], blobs: list[bytes],
-               extra: bytes) -> ShardPayload:
-        """`sizes` laid out back to back from offset 0."""
-        spans, at = [], 0
-        for n in sizes:
-            spans.append((at, n))
-            at += n
-        return cls(data, spans, blobs, extra)
+    def packed(cls, data: np.ndarray, sizes: list[int], blobs: list[bytes], extra: bytes,
+               align: int = 1) -> ShardPayload:
+        """`sizes` laid out in order from offset 0, each at a multiple of `align`."""
+        return cls(data, aligned_spans(sizes, align)[0], blobs, extra)
 
     @property
     def arrays(self) -> list[np.ndarray]:

@@ -103,7 +103,6 @@ class HandoffPipeline:
         for thread in self._threads:
             thread.start()
 
-
     def begin_session(self, session: str) -> None:
         """A new attempt: rounds and unvoted snapshots of the old session are dropped."""
         with self.cond:
@@ -176,14 +175,20 @@ class HandoffPipeline:
         local step must be written for a restart to redo at most the interval (the wait is
         charged to the tier's cost)."""
         deadline = time.monotonic() + self.config.write_timeout_s
+        writer = self.local
+        if writer is not None and writer.store.disabled is not None:
+            self.pool.drop_direct()
+        direct = writer is not None and local and not save and writer.can_go_direct(source)
         while True:
-            slot, withdrawn = self.pool.acquire(
-                source.items, source.tensors, local_only=not save,
-                may_withdraw=save and self.config.in_flight_policy == "coalesce")
+            slot, withdrawn = (writer.direct_slot(self.pool, source), None) if direct \
+                else self.pool.acquire(source.items, source.tensors, local_only=not save,
+                                       may_withdraw=save and self.config.in_flight_policy
+                                       == "coalesce")
             if withdrawn is not None:
                 self._withdraw(withdrawn, step)
             left = deadline - time.monotonic()
-            if slot is not None or not local or self._closed or left <= 0:
+            off = direct and writer.store.disabled is not None
+            if slot is not None or not local or self._closed or left <= 0 or off:
                 return slot
             self.stats.counts["local_slot_waits"] += 1
             waited = time.perf_counter()
@@ -256,7 +261,6 @@ class HandoffPipeline:
             self.local.close()
         for thread in self._threads:
             thread.join(timeout=_writer_poll_s() + _vote_wait_s() + 5.0)
-
 
     def _copied(self, slot: Slot, torn: str | None) -> None:
         if torn is not None:

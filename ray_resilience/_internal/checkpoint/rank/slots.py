@@ -2,7 +2,8 @@
 VOTING -> PUTTING -> FREE for a save, FREE -> COPYING -> LOCAL -> FREE for a local-tier step;
 saves hold at most `MAX_SAVE_SLOTS` and a STAGED slot may be withdrawn for a newer save;
 local-tier-only snapshots hold at most `MAX_LOCAL_ONLY_SLOTS` besides, so the local tier never
-takes the slot a committed save needs.
+takes the slot a committed save needs. On CPU a local-only step's slot is laid over the local
+file it goes to (`Slot.direct`): no staging memory of its own.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class Slot:
     given_away: bool = False
     """The writer adopted the buffers' shared memory with the snapshot: never written again
     (the pool drops this slot once it is free)."""
+    direct: int | None = None
+    """The local-tier file whose mapping the buffers are (a local-only step's slot on CPU; never
+    used for a save)."""
 
     @property
     def step(self) -> int | None:
@@ -103,7 +107,7 @@ class SlotPool:
 
     @property
     def staging_bytes(self) -> int:
-        return (sum(s.buffers.nbytes for s in self.slots if not s.given_away)
+        return (sum(s.buffers.nbytes for s in self.slots if not s.given_away and s.direct is None)
                 + sum(b.handle.nbytes for b in self.spares))
 
     def wants_spare(self, nbytes: int) -> bool:
@@ -142,21 +146,49 @@ class SlotPool:
         (slot, the STAGED slot withdrawn for it under coalesce); (None, None) when the
         snapshot's kind holds all the slots it may."""
         self.slots = [s for s in self.slots if not (s.given_away and s.state is SlotState.FREE)]
-        held_local = len(self.local_only())
-        held_save = sum(s.state.busy for s in self.slots) - held_local
-        if (held_local >= MAX_LOCAL_ONLY_SLOTS) if local_only else (held_save >= MAX_SAVE_SLOTS):
+        if self._full(local_only):
             return self._withdrawn(items) if may_withdraw and not local_only else (None, None)
-        for slot in self.slots:
+        staging = [s for s in self.slots if s.direct is None]
+        for slot in staging:
             if slot.state is SlotState.FREE and slot.buffers.matches(items):
                 return slot, None
-        stale = [s for s in self.slots if s.state is SlotState.FREE]
-        if stale or len(self.slots) < MAX_SLOTS:
+        stale = [s for s in staging if s.state is SlotState.FREE]
+        if stale or len(staging) < MAX_SLOTS:
             if stale:  # the state's layout changed: replace a buffer set of the old layout
                 self.slots.remove(stale[0])
             slot = Slot(StagingBuffers(items, sources, self._spare))
             self.slots.append(slot)
             return slot, None
         return self._withdrawn(items) if may_withdraw else (None, None)
+
+    def _full(self, local_only: bool) -> bool:
+        """Whether the snapshot's kind holds all the slots it may."""
+        held_local = len(self.local_only())
+        if local_only:
+            return held_local >= MAX_LOCAL_ONLY_SLOTS
+        return sum(s.state.busy for s in self.slots) - held_local >= MAX_SAVE_SLOTS
+
+    def acquire_direct(self, items: list, sources: list, file: int,
+                       memory: Any) -> Slot | None:
+        """A local-only step's slot laid over local-tier file `file`'s mapping `memory` (the one
+        laid there before while the layout and mapping hold); None while the local-only
+        snapshots hold all their slots."""
+        if self._full(local_only=True):
+            return None
+        for slot in self.slots:
+            if slot.direct == file and slot.state is SlotState.FREE:
+                if slot.buffers.matches(items) \
+                        and slot.buffers.data.ctypes.data == memory.ctypes.data:
+                    return slot
+                self.slots.remove(slot)
+                break
+        slot = Slot(StagingBuffers(items, sources, memory=memory), direct=file)
+        self.slots.append(slot)
+        return slot
+
+    def drop_direct(self) -> None:
+        """Forgets the free slots laid over local-tier files (the tier went off)."""
+        self.slots = [s for s in self.slots if s.direct is None or s.state.busy]
 
     def _withdrawn(self, items: list) -> tuple[Slot | None, Slot | None]:
         staged = [s for s in self.slots

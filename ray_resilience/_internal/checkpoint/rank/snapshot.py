@@ -20,7 +20,12 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 from torch.distributed.tensor import DTensor
 
 from ray_resilience._internal.checkpoint.shm import BufferHandle, SharedBuffer, node_here
-from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item, item_nbytes
+from ray_resilience._internal.checkpoint.wire import (
+    ShardPayload,
+    aligned_spans,
+    is_tensor_item,
+    item_nbytes,
+)
 from ray_resilience.checkpoint.errors import CheckpointStateError
 
 MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
@@ -117,27 +122,29 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 class StagingBuffers:
     """Host buffers reused across saves: views into one flat allocation, handed on as one array.
     On CPU the allocation is shared memory (`shm.SharedBuffer`) that the node's writer adopts at
-    the hand-off (`handle`; the slot then gets other memory); on GPU it is pinned memory, which
-    the rank copies out itself."""
+    the hand-off (`handle`; the slot then gets other memory), or memory the caller gives (a
+    local-tier file's mapping); on GPU it is pinned memory, which the rank copies out itself."""
 
     ALIGN = 64
 
     def __init__(self, items: list[WriteItem], sources: list[torch.Tensor],
-                 spare: Callable[[int], SharedBuffer | None] | None = None) -> None:
+                 spare: Callable[[int], SharedBuffer | None] | None = None,
+                 memory: np.ndarray | None = None) -> None:
         """`spare(nbytes)`: shared memory of that size to use (one the writer gave back), or
-        None for a new allocation."""
+        None for a new allocation. `memory`: a writable uint8 array of at least
+        `StagingBuffers.length(items)` bytes to lay the buffers over instead (CPU sources)."""
         tensor_items = [i for i in items if is_tensor_item(i)]
         self.key = tuple((tuple(i.tensor_data.chunk.sizes), i.tensor_data.properties.dtype)
                          for i in tensor_items)
         self._items = items
-        self.spans: list[tuple[int, int]] = []
-        at = 0
-        for item in tensor_items:
-            n = item_nbytes(item)
-            self.spans.append((at, n))
-            at += -(-n // self.ALIGN) * self.ALIGN
+        self.spans, at = aligned_spans([item_nbytes(i) for i in tensor_items], self.ALIGN)
         self.shared: SharedBuffer | None = None
-        if any(src.is_cuda for src in sources) or not at:
+        if memory is not None:
+            with warnings.catch_warnings():  # the mapping is writable: torch's warning is moot
+                warnings.simplefilter("ignore")
+                self.flat = torch.frombuffer(memory, dtype=torch.uint8, count=at) if at \
+                    else torch.empty(0, dtype=torch.uint8)
+        elif any(src.is_cuda for src in sources) or not at:
             self.flat = torch.empty(at, dtype=torch.uint8,
                                     pin_memory=any(src.is_cuda for src in sources))
         else:
@@ -149,6 +156,11 @@ class StagingBuffers:
                         for item, (offset, n) in zip(tensor_items, self.spans, strict=True)]
         self.data: np.ndarray = self.flat.numpy()
         self.nbytes = sum(n for _, n in self.spans)
+
+    @classmethod
+    def length(cls, items: list[WriteItem]) -> int:
+        """Bytes the buffers of `items` take, padding included (`data`'s length)."""
+        return aligned_spans([item_nbytes(i) for i in items if is_tensor_item(i)], cls.ALIGN)[1]
 
     def _view(self, item: WriteItem, offset: int, n: int) -> torch.Tensor:
         shape, dtype = tuple(item.tensor_data.chunk.sizes), item.tensor_data.properties.dtype

@@ -3,7 +3,10 @@ memory, so a restart on the same node redoes at most one local interval.
 
 A file is a 4 KiB JSON header and the raw bytes; the header says "writing" until the data is in
 and then carries a CRC-32C of the data, so neither a killed writer nor a flipped byte is ever
-loaded. Nothing is unpickled. Format and reasons: docs/design.md, section 8.
+loaded. Nothing is unpickled. A snapshot is written into a file either from a staging slot
+(`write`) or, for a local-only step on CPU, copied straight into the file's mapping
+(`begin_direct` / `finish_direct`: no staging memory and no second copy). Format and reasons:
+docs/design.md, section 8.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 from ray_resilience._internal.checkpoint.format.local_roots import hold
 from ray_resilience._internal.checkpoint.rank.local import space as local_space
-from ray_resilience._internal.checkpoint.wire import ShardPayload, layout_key
+from ray_resilience._internal.checkpoint.wire import ShardPayload, aligned_spans, layout_key
 from ray_resilience.checkpoint.errors import CheckpointCorruptError
 
 if TYPE_CHECKING:
@@ -60,6 +63,8 @@ class LocalSnapshots:
         self._lock: int | None = None
         """Holds the run folder's lock shared: no cleanup removes it while this rank lives."""
         self._capacity = [0, 0]
+        self._maps: list[mmap.mmap | None] = [None, None]
+        """Each file's writable mapping (`begin_direct`), as long as its capacity."""
         self._newest: int | None = None
         """The slot this process last wrote or restored from; the next write takes the other."""
         self.disabled: str | None = None
@@ -73,18 +78,65 @@ class LocalSnapshots:
         if self.disabled is not None:
             return False
         buffers = [*tensors, *blobs, extra]
-        size = sum(_nbytes(b) for b in buffers)
-        slot = 0 if self._newest is None else 1 - self._newest
-        header = {"format": FORMAT, "state": "complete", "rank": self.rank,
-                  "session": target.session, "step": int(target.step), "layout": target.layout,
-                  "tensor_bytes": int(sum(_nbytes(t) for t in tensors)),
-                  "blobs": [len(b) for b in blobs], "extra": len(extra),
-                  "checksum": local_space.CHECKSUM, "time": time.time()}
+        slot = self._next()
+        header = _header(self.rank, target, int(sum(_nbytes(t) for t in tensors)), blobs, extra,
+                         align=1)
         try:
-            fd = self._file(slot, size)
+            fd = self._file(slot, sum(_nbytes(b) for b in buffers))
             os.pwrite(fd, _encode_header({"format": FORMAT, "state": "writing"}), 0)
             header["crc"] = _write_all(fd, buffers, HEADER_BYTES)
-            os.pwrite(fd, _encode_header(header), 0)
+        except OSError as exc:
+            self.disable(f"writing {self._path(slot)} failed: {exc}", warn=True)
+            return False
+        return self._complete(slot, header)
+
+    def begin_direct(self, tensor_bytes: int, other_bytes: int) -> tuple[int, np.ndarray] | None:
+        """The file the next snapshot goes to, marked "writing", and its first `tensor_bytes`
+        data bytes mapped writable, for the snapshot's tensors to be copied straight in
+        (`other_bytes`: its byte items and extra state, written by `finish_direct`). None when
+        the tier is (or just got) turned off. Called only while no write is in flight."""
+        if self.disabled is not None:
+            return None
+        slot = self._next()
+        try:
+            fd = self._file(slot, tensor_bytes + other_bytes)
+            os.pwrite(fd, _encode_header({"format": FORMAT, "state": "writing"}), 0)
+            mapped = self._maps[slot]
+            if mapped is None or len(mapped) != self._capacity[slot]:
+                # The files only grow while mapped, so a replaced mapping stays valid for
+                # anything still laid over it.
+                mapped = self._maps[slot] = mmap.mmap(fd, self._capacity[slot])
+        except OSError as exc:
+            self.disable(f"mapping {self._path(slot)} failed: {exc}", warn=True)
+            return None
+        return slot, np.frombuffer(mapped, np.uint8, count=tensor_bytes, offset=HEADER_BYTES)
+
+    def finish_direct(self, target: LocalWrite, slot: int, data: np.ndarray, align: int,
+                      blobs: list[bytes], extra: bytes) -> bool:
+        """Completes the snapshot whose tensors were copied into `data` (what `begin_direct`
+        returned for `slot`, laid out at multiples of `align`): writes the byte items and the
+        extra state after it, then the header with the checksum of it all."""
+        if self.disabled is not None:
+            return False
+        fd = self._fds[slot]
+        header = _header(self.rank, target, data.nbytes, blobs, extra, align=align)
+        try:
+            if fd is None:
+                raise OSError(errno.EBADF, "the file was closed while the snapshot was copied")
+            crc = local_space.checksum(local_space.CHECKSUM, data)
+            header["crc"] = _write_all(fd, [*blobs, extra], HEADER_BYTES + data.nbytes, crc)
+        except OSError as exc:
+            self.disable(f"writing {self._path(slot)} failed: {exc}", warn=True)
+            return False
+        return self._complete(slot, header)
+
+    def _next(self) -> int:
+        """The file not holding the newest snapshot."""
+        return 0 if self._newest is None else 1 - self._newest
+
+    def _complete(self, slot: int, header: dict) -> bool:
+        try:
+            os.pwrite(self._fds[slot], _encode_header(header), 0)
         except OSError as exc:
             self.disable(f"writing {self._path(slot)} failed: {exc}", warn=True)
             return False
@@ -151,9 +203,10 @@ class LocalSnapshots:
                     != (session, step, layout):
                 continue
             where = self._path(slot)
-            if header["tensor_bytes"] != sum(tensor_sizes):
+            expected = aligned_spans(tensor_sizes, header["align"])[1]
+            if header["tensor_bytes"] != expected:
                 raise CheckpointCorruptError(where, f"holds {header['tensor_bytes']} tensor "
-                                                    f"bytes, the save plan has {sum(tensor_sizes)}")
+                                                    f"bytes, the save plan has {expected}")
             yield _payload(self._map_data(where, header), tensor_sizes, header)
             # A write marks the header "writing" first and stamps a new time when done: an
             # unchanged header means no byte changed since the checksum was taken.
@@ -217,8 +270,10 @@ class LocalSnapshots:
         try:
             header["session"], header["step"] = str(header["session"]), int(header["step"])
             header["layout"] = str(header["layout"])
+            header.setdefault("align", 1)  # written by a staging slot's copy, back to back
             counts = (header["tensor_bytes"], header["extra"], header["crc"], *header["blobs"])
             if not all(isinstance(n, int) and n >= 0 for n in counts) \
+                    or not isinstance(header["align"], int) or header["align"] < 1 \
                     or not local_space.known_checksum(header["checksum"]):
                 return None
         except (KeyError, TypeError, ValueError):
@@ -230,6 +285,7 @@ class LocalSnapshots:
                 "local_disabled": self.disabled}
 
     def close(self, *, remove: bool = False) -> None:
+        self._maps = [None, None]  # unmapped once nothing laid over them is left
         for slot, fd in enumerate(self._fds):
             if fd is not None:
                 os.close(fd)
@@ -253,20 +309,28 @@ def _nbytes(buffer: Any) -> int:
     return buffer.nbytes if isinstance(buffer, np.ndarray) else len(memoryview(buffer).cast("B"))
 
 
+def _header(rank: int, target: LocalWrite, tensor_bytes: int, blobs: list[bytes],
+            extra: bytes, *, align: int) -> dict[str, Any]:
+    return {"format": FORMAT, "state": "complete", "rank": rank,
+            "session": target.session, "step": int(target.step), "layout": target.layout,
+            "tensor_bytes": tensor_bytes, "align": align, "blobs": [len(b) for b in blobs],
+            "extra": len(extra), "checksum": local_space.CHECKSUM, "time": time.time()}
+
+
 def _payload(data: np.ndarray, tensor_sizes: list[int], header: dict) -> ShardPayload:
-    at = sum(tensor_sizes)
+    at = header["tensor_bytes"]
     blobs = []
     for n in header["blobs"]:
         blobs.append(data[at:at + n].tobytes())
         at += n
-    return ShardPayload.packed(data, tensor_sizes, blobs, data[at:at + header["extra"]].tobytes())
+    return ShardPayload.packed(data, tensor_sizes, blobs, data[at:at + header["extra"]].tobytes(),
+                               align=header["align"])
 
 
-def _write_all(fd: int, buffers: list, offset: int) -> int:
+def _write_all(fd: int, buffers: list, offset: int, crc: int = 0) -> int:
     """pwritev of every buffer at `offset`, resuming after short writes; returns the checksum
-    of what was written."""
+    of what was written (continuing `crc`)."""
     pending = [memoryview(b).cast("B") for b in buffers if _nbytes(b)]
-    crc = 0
     for view in pending:
         crc = local_space.checksum(local_space.CHECKSUM, view, crc)
     while pending:

@@ -1,6 +1,8 @@
 """Writes staged snapshots to the local tier on a thread of its own, so a local step costs the
 training thread what a committed save does: the overlapped copy into a staging slot. On GPU it
-first waits (off the pipeline's lock) for the slot's device-to-host copies.
+first waits (off the pipeline's lock) for the slot's device-to-host copies. On CPU a local-only
+step's slot is the mapping of the file it goes to (`direct_slot`): the copy is the write, and
+this thread adds the byte items, the extra state and the checksummed header.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots
-from ray_resilience._internal.checkpoint.rank.slots import Slot, SlotState
+from ray_resilience._internal.checkpoint.rank.slots import Slot, SlotPool, SlotState
+from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers
 from ray_resilience._internal.priority import defer_wakeups
 
 logger = logging.getLogger(__name__)
@@ -51,6 +54,24 @@ class LocalWriter:
     def busy(self) -> bool:
         """Caller holds the lock."""
         return bool(self._queue or self._gpu or self._writing is not None)
+
+    def direct_slot(self, pool: SlotPool, source: Any) -> Slot | None:
+        """A slot over the file the local-only snapshot of `source` goes to, once every local
+        snapshot staged before it is on file (the file must not be the one a pending write
+        completes); None until then, or when the tier is off. Caller holds the lock."""
+        if self.store.disabled is not None or any(s.local is not None for s in pool.slots):
+            return None
+        length = StagingBuffers.length(source.items)
+        target = self.store.begin_direct(length, sum(map(len, source.blobs)))
+        if target is None:
+            return None
+        return pool.acquire_direct(source.items, source.tensors, *target)
+
+    @staticmethod
+    def can_go_direct(source: Any) -> bool:
+        """Whether a local-only snapshot of `source` may be copied straight into its file (CPU
+        tensors; on GPU the copy goes to pinned staging memory)."""
+        return not any(t.is_cuda for t in source.tensors)
 
     def close(self) -> None:
         with self._cond:
@@ -90,8 +111,13 @@ class LocalWriter:
         target = slot.local
         try:
             slot.wait_copied()
-            tensors = slot.buffers.payload([], b"").arrays
-            ok = self.store.write(target, tensors, slot.blobs, slot.extra.encode())
+            if slot.direct is not None:
+                ok = self.store.finish_direct(target, slot.direct, slot.buffers.data,
+                                              StagingBuffers.ALIGN, slot.blobs,
+                                              slot.extra.encode())
+            else:
+                tensors = slot.buffers.payload([], b"").arrays
+                ok = self.store.write(target, tensors, slot.blobs, slot.extra.encode())
         except Exception as exc:  # noqa: BLE001 - the tier goes off; training goes on
             self.store.disable(f"encoding step {target.step} failed: {type(exc).__name__}: "
                                f"{exc}", warn=True)
