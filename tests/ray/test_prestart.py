@@ -16,6 +16,7 @@ import ray
 from ray import cloudpickle
 
 from ray_resilience import InJobConfig
+from ray_resilience._internal.priority import rank_niceness
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.worker_group.prestart import WorkerPrestarter
@@ -90,7 +91,7 @@ def _rank_actor(env: dict[str, str]):
 def test_a_rank_process_booted_ahead_imports_torch_at_idle_priority_for_the_next_rank(ray_session):
     node = ray.get_runtime_context().get_node_id()
     key = f"preimport-test-{os.getpid()}-{time.monotonic_ns()}"
-    env = preimport.rank_env_vars({"RR_TEST_RANK_ENV": "1"}, key)
+    env = {**preimport.rank_env_vars({"RR_TEST_RANK_ENV": "1"}, key), **rank_niceness()}
     first = _rank_actor(env)
     actors = [first]
     try:
@@ -109,6 +110,8 @@ def test_a_rank_process_booted_ahead_imports_torch_at_idle_priority_for_the_next
         while not any(_idle_class_threads(p) for p in booted) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert any(_idle_class_threads(p) for p in booted), "no idle-priority import thread"
+        # ... and starts at the ranks' nice 0 (Ray's workers start at 15 otherwise).
+        assert {psutil.Process(p).nice() for p in booted} == {0}
         asked_at = time.time()
         second = _rank_actor(env)
         actors.append(second)
