@@ -385,3 +385,35 @@ def test_run_all_reruns_every_page_benchmark_with_the_pages_arms(monkeypatch):
     assert overhead[overhead.index("--arms") + 1] == ",".join(PAGE_ARMS)
     assert overhead[overhead.index("--reps") + 1] == "2"
     assert "--reps" not in tiers and tiers[tiers.index("--sizes") + 1] == "tiny"
+
+
+def test_first_steps_profile_sums_each_threads_cpu_between_logged_steps(tmp_path) -> None:
+    """`first_saves.py`: a rank thread's name loses its rank suffix, a thread born between two
+    logged steps counts from zero, and `--out` writes the same intervals as JSON."""
+    from overhead import first_saves  # noqa: PLC0415 - its module sets up paths of its own
+
+    def threads(step: int, t: float, copy: float, extra: list | None = None) -> dict:
+        listed = [{"tid": 1, "name": "rr-train-r0", "cpu_s": 2.0 * step},
+                  {"tid": 2, "name": "rr-ckpt-copy-r0", "cpu_s": copy}, *(extra or [])]
+        return {"ev": "threads", "rank": 0, "step": step, "t": t, "threads": listed}
+
+    run = str(tmp_path / "run")
+    write_events(run, "rank0", [
+        threads(1, 100.0, 0.0), threads(2, 110.0, 4.5),
+        threads(4, 116.0, 4.75, [{"tid": 3, "name": "rr-ckpt-local-r0", "cpu_s": 0.25}])])
+    rows = first_saves.intervals(run, 0)
+    assert [(r["from"], r["to"], r["wall_s"]) for r in rows] == [(1, 2, 10.0), (2, 4, 6.0)]
+    assert rows[0]["threads_cpu_s"] == {"rr-ckpt-copy": 4.5, "rr-train": 2.0}
+    assert rows[1]["threads_cpu_s"] == {"rr-train": 4.0, "rr-ckpt-local": 0.25,
+                                        "rr-ckpt-copy": 0.25}
+    assert first_saves.line(rows[0]).startswith("rank 0 steps 1->2: wall  10.0 s, CPU   6.5 s")
+    out = str(tmp_path / "out.json")
+    args = first_saves.argparse.Namespace(mechanism="ours", size="1gb", durable=2, local=1,
+                                          out=out, code="abc1234")
+    assert first_saves.report(args, run, {"status": "ok", "usage": {"cpu_s": 12.0}}, 1,
+                              started=1.0) == 0
+    with open(out, encoding="utf-8") as f:
+        written = json.load(f)
+    assert written["intervals"] == rows and written["code"] == "abc1234"
+    assert (written["durable_every"], written["local_every"], written["usage"]) == \
+        (2, 1, {"cpu_s": 12.0})
