@@ -37,6 +37,8 @@ class LocalWriter:
         self._writing: Slot | None = None
         self._closed = False
         self.write_s: collections.deque[float] = collections.deque(maxlen=1000)
+        self._length: tuple[Any, int] = (None, 0)
+        """(save plan items, the length of their buffers): the last direct step's layout."""
         self._thread = threading.Thread(target=self._run, name=f"rr-ckpt-local-r{rank}",
                                         daemon=True)
         self._thread.start()
@@ -61,8 +63,9 @@ class LocalWriter:
         completes); None until then, or when the tier is off. Caller holds the lock."""
         if self.store.disabled is not None or any(s.local is not None for s in pool.slots):
             return None
-        length = StagingBuffers.length(source.items)
-        target = self.store.begin_direct(length, sum(map(len, source.blobs)))
+        if self._length[0] is not source.items:  # the plan changed: lay its buffers out again
+            self._length = (source.items, StagingBuffers.length(source.items))
+        target = self.store.begin_direct(self._length[1], sum(map(len, source.blobs)))
         if target is None:
             return None
         return pool.acquire_direct(source.items, source.tensors, *target)
