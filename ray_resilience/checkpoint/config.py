@@ -65,6 +65,11 @@ class CheckpointConfig:
     `in_flight_policy="block"`. Ranks and writers start at nice 0 unless the job's runtime env
     sets `RAY_worker_niceness`."""
 
+    direct_io: bool = True
+    """Write data files on a local or shared POSIX file system (FSx for Lustre, EBS, NVMe) with
+    O_DIRECT, bypassing the node's page cache (where the file system refuses it, and on S3,
+    writes are buffered); False: buffered, each file's pages dropped after its fsync."""
+
     num_storage_retries: int = 3
     """Retries of a failed storage write (S3 outage, network) before the save is given up."""
     storage_retry_backoff_s: float = 1.0
@@ -134,6 +139,7 @@ class CheckpointConfig:
                               "must be an absolute path of a node-local tmpfs folder, e.g. "
                               "'/dev/shm' (or set local_interval_steps=0).")
         check.boolean("CheckpointConfig.memory_tier", self.memory_tier)
+        check.boolean("CheckpointConfig.direct_io", self.direct_io)
         self._check_int("memory_replicas", minimum=0, fix="use 0 for no replicas.")
         if self.memory_replicas and not self.memory_tier:
             raise ConfigError("CheckpointConfig.memory_replicas", self.memory_replicas,

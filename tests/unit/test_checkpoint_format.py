@@ -137,7 +137,7 @@ def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int,
-                      extra: dict) -> layout.StepDir:
+                      extra: dict, *, direct: bool = False) -> layout.StepDir:
     """The writer and coordinator steps for one rank, without actors."""
     state = capture(model, optimizer)
     items, planner_data = state.build_items()
@@ -146,7 +146,7 @@ def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int,
     buffers.copy_now(tensors, list(range(len(tensors))))
     ticket = SaveTicket(SESSION, step, 0, 1, items, [True] * len(items), planner_data, time.time())
     payload = buffers.payload(blobs, encode_extra(extra))
-    files, written, infos = write_shard(storage, ticket, payload)
+    files, written, infos = write_shard(storage, ticket, payload, direct=direct)
     step_dir = layout.StepDir(step, SESSION)
     metadata = build_metadata([(written, infos)], planner_data=planner_data,
                               checkpoint_id=storage.display(step_dir.name), save_id=step_dir.name)
@@ -167,12 +167,13 @@ def storage(tmp_path) -> CheckpointStorage:
     return CheckpointStorage.for_run(str(tmp_path), "run")
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "buffered"])
 @pytest.mark.parametrize("zip_crc", [True, False], ids=["zip-crc", "as-writers-save"])
-def test_stock_dcp_load_reads_our_checkpoint(storage, zip_crc):
+def test_stock_dcp_load_reads_our_checkpoint(storage, zip_crc, direct):
     model, optimizer = _trained(seed=1)
     # Writers leave torch.save's own zip CRC32 out (`skip_zip_crc`); stock loads never check it.
     with serialization_config.patch({"save.compute_crc32": zip_crc}):
-        step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1})
+        step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1}, direct=direct)
     manifest = read_manifest(storage, step_dir)
     assert {d.checksum for d in manifest.files.values()} == {checksum.CHECKSUM}
     fresh_model, fresh_optim = _trained(seed=2)

@@ -98,15 +98,17 @@ def skip_zip_crc() -> None:
 
 
 def write_shard(
-    storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPayload,
+    storage: CheckpointStorage, ticket: SaveTicket, payload: ShardPayload, *,
+    direct: bool = False,
 ) -> tuple[dict[str, FileDigest], list[WriteItem], dict[MetadataIndex, _StorageInfo]]:
     """Writes the rank's data and extra files; returns their digests, the items written and
-    where each landed (overwriting an earlier try of the same shard)."""
+    where each landed (overwriting an earlier try of the same shard). `direct`: the data file
+    bypasses the page cache where the file system allows (`CheckpointConfig.direct_io`)."""
     folder = ticket.dir_name
     storage.make_dir(folder)
     data_name = layout.data_file_name(ticket.rank)
     written, infos, item_crcs = [], {}, []
-    with storage.open_output(f"{folder}/{data_name}") as out:
+    with storage.open_output(f"{folder}/{data_name}", direct=direct) as out:
         stream = _DigestStream(out)
         arrays, blobs = iter(payload.arrays), iter(payload.blobs)
         for item, owned in zip(ticket.items, ticket.owned, strict=True):

@@ -11,12 +11,13 @@ import posixpath
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ray_resilience._internal.checkpoint.format import layout
+from ray_resilience._internal.checkpoint.format.direct_file import DirectFile
 from ray_resilience.checkpoint.errors import CheckpointStorageError, classify
 from ray_resilience.errors import ConfigError
 
@@ -116,10 +117,15 @@ class CheckpointStorage:
                 self.fs.create_dir(self.path(rel), recursive=True)
 
     @contextlib.contextmanager
-    def open_output(self, rel: str) -> Iterator[pafs.NativeFile]:
+    def open_output(self, rel: str, *, direct: bool = False) -> Iterator[Any]:
         """A stream that replaces `rel` (fsync'ed on close locally, its pages then dropped from
-        the page cache; on S3 visible once uploaded)."""
+        the page cache; on S3 visible once uploaded). `direct`: a local file is written with
+        O_DIRECT where its file system takes it (`DirectFile`), never entering the page cache."""
         with self._errors(rel, "write"):
+            if direct and self.is_local:
+                with DirectFile(self.path(rel)) as stream:
+                    yield stream
+                return
             with self.fs.open_output_stream(self.path(rel)) as stream:
                 yield stream
             if self.is_local:

@@ -180,7 +180,8 @@ class CheckpointWriter:
         try:
             payload = _payload_of(shard.boxed[0])
             files, written, infos = self._retrying(
-                lambda: write_shard(self.storage, ticket, payload),
+                lambda: write_shard(self.storage, ticket, payload,
+                                    direct=self.config.direct_io),
                 f"writing rank {ticket.rank}'s shard of step {ticket.step}")
         except Exception as exc:  # noqa: BLE001 - any failure loses this shard only
             self._fail(key, ticket, exc, time.time() - start)
