@@ -278,6 +278,9 @@ def test_the_write_probe_reports_cpu_and_wall_per_gb_and_leaves_nothing(tmp_path
     assert got["folder"] == str(tmp_path) and got["bytes"] == 2**20
     assert got["cpu_s_per_gb"] >= 0 and got["wall_s_per_gb"] > 0
     assert list(tmp_path.iterdir()) == []
+    direct = write_cost(str(tmp_path), nbytes=2**20 + 5, direct=True)
+    assert direct["cpu_s_per_gb"] >= 0 and isinstance(direct["direct"], bool)
+    assert list(tmp_path.iterdir()) == []
     touched = touch_cost(nbytes=2**20)
     assert touched["bytes"] == 2**20 and touched["first_cpu_s_per_gb"] >= 0
     assert touched["again_cpu_s_per_gb"] >= 0
@@ -301,6 +304,9 @@ def test_the_page_names_the_write_cost_of_each_sitting_that_measured_it():
     assert ("0.45 on /dev/shm, first touch of new memory 9.50 / 0.12 CPU-s per GB (again: "
             "0.05)") in write_costs(sizes)
     assert "tiny" not in text
+    for when, value in (("before", 0.04), ("after", 0.03)):
+        sizes[1]["write_cost"][when]["storage_direct"] = {"cpu_s_per_gb": value}
+    assert "7.50 / 9.25 (with O_DIRECT 0.04 / 0.03) CPU-s per GB" in write_costs(sizes)
     assert write_costs([{"size": "tiny"}]) == ""
 
 

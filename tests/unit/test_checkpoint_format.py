@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import time
 import warnings
 
 import numpy as np
@@ -16,25 +15,24 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.utils.serialization import config as serialization_config
 
 from ray_resilience._internal.checkpoint.format import checksum, layout
-from ray_resilience._internal.checkpoint.format.commit import commit_step, read_manifest
+from ray_resilience._internal.checkpoint.format.commit import read_manifest
 from ray_resilience._internal.checkpoint.format.dcp_metadata import (
-    build_metadata,
     dumps_metadata,
     loads_metadata,
 )
 from ray_resilience._internal.checkpoint.format.extra_codec import decode_extra, encode_extra
 from ray_resilience._internal.checkpoint.format.readers import SafeLoadPlanner, StorageShardReader
-from ray_resilience._internal.checkpoint.format.shard_io import read_verified, write_shard
+from ray_resilience._internal.checkpoint.format.shard_io import read_verified
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
-from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, capture, state_dict_of
+from ray_resilience._internal.checkpoint.rank.snapshot import state_dict_of
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
-from ray_resilience._internal.checkpoint.wire import SaveTicket
 from ray_resilience.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointStateError,
     UnsafeCheckpointError,
 )
 from ray_resilience.examples.llama import build_model, causal_lm_loss
+from tests.support.single_rank import write_single_rank
 
 pytestmark = pytest.mark.timeout(60)
 SESSION = "0123456789abcdef"
@@ -134,24 +132,6 @@ def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     causal_lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
     optimizer.step()
     return model, optimizer
-
-
-def write_single_rank(storage: CheckpointStorage, model, optimizer, step: int,
-                      extra: dict, *, direct: bool = False) -> layout.StepDir:
-    """The writer and coordinator steps for one rank, without actors."""
-    state = capture(model, optimizer)
-    items, planner_data = state.build_items()
-    tensors, blobs = state.sources(items)
-    buffers = StagingBuffers(items, tensors)
-    buffers.copy_now(tensors, list(range(len(tensors))))
-    ticket = SaveTicket(SESSION, step, 0, 1, items, [True] * len(items), planner_data, time.time())
-    payload = buffers.payload(blobs, encode_extra(extra))
-    files, written, infos = write_shard(storage, ticket, payload, direct=direct)
-    step_dir = layout.StepDir(step, SESSION)
-    metadata = build_metadata([(written, infos)], planner_data=planner_data,
-                              checkpoint_id=storage.display(step_dir.name), save_id=step_dir.name)
-    commit_step(storage, step_dir, world_size=1, metadata=dumps_metadata(metadata), files=files)
-    return step_dir
 
 
 def _flat(model, optimizer) -> dict[str, torch.Tensor]:

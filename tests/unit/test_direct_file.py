@@ -10,13 +10,12 @@ import os
 import numpy as np
 import pytest
 
-from ray_resilience._internal.checkpoint.format import direct_file
-from ray_resilience._internal.checkpoint.format.direct_file import BLOCK, BUFFER_BYTES, DirectFile
+from ray_resilience._internal.checkpoint.format.direct import files as direct_file
+from ray_resilience._internal.checkpoint.format.direct.files import BLOCK, BUFFER_BYTES, DirectFile
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.errors import ConfigError
-
-from .test_storage_page_cache import _resident_fraction
+from tests.support.page_cache import resident_fraction
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,7 +63,7 @@ def test_a_direct_file_never_enters_the_page_cache(tmp_path):
     path = str(tmp_path / "f.bin")
     out = _write(path, data, 1 << 20)
     assert out.direct
-    assert _resident_fraction(path) < 0.1
+    assert resident_fraction(path) < 0.1
     with open(path, "rb") as f:
         assert f.read() == data
 

@@ -29,6 +29,7 @@ from torch.futures import Future
 from ray_resilience._internal.checkpoint.format import layout, shard_io
 from ray_resilience._internal.checkpoint.format.commit import Manifest
 from ray_resilience._internal.checkpoint.format.dcp_metadata import loads_metadata
+from ray_resilience._internal.checkpoint.format.direct import records as direct_items
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item
 from ray_resilience.checkpoint.errors import CheckpointCorruptError
@@ -86,6 +87,9 @@ class StorageShardReader(_ReaderBase):
         super().__init__()
         self.storage, self.manifest = storage, manifest
         self.folder = manifest.step_dir.name
+        self.metadata: dcp_md.Metadata | None = None
+        self.direct_items = 0
+        """Items loaded straight into their targets (`DirectItems`)."""
 
     def _read(self, name: str) -> memoryview:
         if name not in self.manifest.files:
@@ -104,6 +108,9 @@ class StorageShardReader(_ReaderBase):
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for name, reqs in per_file.items():
             where = self.storage.display(f"{self.folder}/{name}")
+            reqs = self._direct(name, reqs, planner)
+            if not reqs:
+                continue
             parts = self._parts(name, reqs)
             for req in reqs:
                 info = self.storage_data[req.storage_index]
@@ -116,6 +123,40 @@ class StorageShardReader(_ReaderBase):
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def set_up_storage_reader(self, metadata: dcp_md.Metadata, is_coordinator: bool,
+                              *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self.metadata = metadata
+
+    def _direct(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> list[ReadItem]:
+        """Loads the large tensor items of `name` straight into their targets (`DirectItems`;
+        a local file system and a step with item checksums only); returns the others."""
+        rank = layout.file_rank(name)
+        items = None if rank is None else layout.items_file_name(rank)
+        infos = [self.storage_data[r.storage_index] for r in reqs]
+        if not self.storage.is_local or items not in self.manifest.files \
+                or not any(i.length >= direct_items.MIN_BYTES for i in infos):
+            return reqs
+        where = self.storage.display(f"{self.folder}/{name}")
+        table = shard_io.item_checksums(self._read(items),
+                                        where=self.storage.display(f"{self.folder}/{items}"))
+        rest = []
+        rel = f"{self.folder}/{layout.check_file_name(name, where=where)}"
+        try:
+            with self.storage.open_source(rel) as source:
+                loader = direct_items.DirectItems(source, where, table)
+                for req, info in zip(reqs, infos, strict=True):
+                    meta = self.metadata.state_dict_metadata[req.storage_index.fqn]
+                    if req.type == LoadItemType.BYTE_IO or not loader.load(
+                            req, info.offset, info.length, meta.properties.dtype, planner):
+                        rest.append(req)
+        except FileNotFoundError:
+            raise CheckpointCorruptError(where, "the file is missing") from None
+        except EOFError as exc:
+            raise CheckpointCorruptError(where, f"shorter than its items say ({exc})") from None
+        self.direct_items += loader.count
+        return rest
 
     def _parts(self, name: str, reqs: list[ReadItem]) -> Any:
         """`get(offset, length, fqn)` for the items of `name` this load needs: sliced from the

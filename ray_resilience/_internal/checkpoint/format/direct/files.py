@@ -28,7 +28,7 @@ BLOCK = 4096
 BUFFER_BYTES = 8 * 2**20
 """The copy buffer: large enough that a write costs little more than its bytes."""
 
-_refused: set[str] = set()
+_refused_folders: set[str] = set()
 """Folders whose file system refused O_DIRECT (logged once each)."""
 
 
@@ -46,7 +46,7 @@ class DirectFile:
         except OSError as exc:
             if not self.direct or exc.errno != errno.EINVAL:
                 raise
-            self._refuse(exc)
+            self.direct = _refused(self.path, exc)
             self._fd = os.open(path, flags, 0o644)
         self._buffer = mmap.mmap(-1, BUFFER_BYTES)  # anonymous: page-aligned
         self._view = memoryview(self._buffer)
@@ -115,7 +115,8 @@ class DirectFile:
             except OSError as exc:
                 if not self.direct or exc.errno != errno.EINVAL:
                     raise
-                self._refuse(exc)  # accepted at open, refused at write (some FUSE and NFS)
+                # accepted at open, refused at write (some FUSE and NFS mounts)
+                self.direct = _refused(self.path, exc)
                 fcntl.fcntl(self._fd, fcntl.F_SETFL,
                             fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             finally:
@@ -123,10 +124,91 @@ class DirectFile:
         self._offset += min(length, self._filled)
         self._filled = 0
 
-    def _refuse(self, exc: OSError) -> None:
-        self.direct = False
-        folder = os.path.dirname(self.path)
-        if folder not in _refused:
-            _refused.add(folder)
-            logger.info("%s refuses O_DIRECT (%s): checkpoint files there are written through "
-                        "the page cache", folder, exc)
+
+class DirectSource:
+    """A local file read with O_DIRECT through a reused, page-aligned buffer and copied where
+    the caller wants it (a tensor's own memory): a restore takes no page cache and no
+    whole-file buffer. Buffered (its pages dropped on `close`) where O_DIRECT is refused."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.direct = hasattr(os, "O_DIRECT")
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        try:
+            self._fd = os.open(path, flags | (os.O_DIRECT if self.direct else 0))
+        except OSError as exc:
+            if not self.direct or exc.errno != errno.EINVAL:
+                raise
+            self.direct = _refused(self.path, exc)
+            self._fd = os.open(path, flags)
+        self._buffer = mmap.mmap(-1, BUFFER_BYTES)
+        self._view = memoryview(self._buffer)
+
+    def read_into(self, offset: int, dest: memoryview, *, checksum: Any = None,
+                  value: int = 0) -> int:
+        """Fills `dest` (bytes) with the file's bytes from `offset`; returns `checksum(chunk,
+        value)` continued over them (`value` when no checksum is given). EOFError when the
+        file ends first."""
+        done = 0
+        while done < len(dest):
+            start = offset + done
+            base = start - start % BLOCK if self.direct else start
+            want = min(BUFFER_BYTES, -(-(start + len(dest) - done - base) // BLOCK) * BLOCK)
+            skip = start - base
+            got = self._pread(want, base) - skip
+            if got <= 0:
+                raise EOFError(f"{self.path} ends before byte {start}")
+            take = min(got, len(dest) - done)
+            dest[done:done + take] = self._view[skip:skip + take]
+            if checksum is not None:
+                value = checksum(dest[done:done + take], value)
+            done += take
+        return value
+
+    def read(self, offset: int, length: int) -> bytes:
+        out = bytearray(length)
+        self.read_into(offset, memoryview(out))
+        return bytes(out)
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            if not self.direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+            self._view.release()
+            with contextlib.suppress(BufferError):
+                self._buffer.close()
+
+    def __enter__(self) -> DirectSource:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _pread(self, length: int, offset: int) -> int:
+        chunk = self._view[:length]
+        try:
+            return os.preadv(self._fd, [chunk], offset)
+        except OSError as exc:
+            if not self.direct or exc.errno != errno.EINVAL:
+                raise
+            self.direct = _refused(self.path, exc)
+            fcntl.fcntl(self._fd, fcntl.F_SETFL,
+                        fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            return os.preadv(self._fd, [chunk], offset)
+        finally:
+            chunk.release()
+
+
+def _refused(path: str, exc: OSError) -> bool:
+    """Logs, once per folder, that its file system refuses O_DIRECT; False (direct is off)."""
+    folder = os.path.dirname(path)
+    if folder not in _refused_folders:
+        _refused_folders.add(folder)
+        logger.info("%s refuses O_DIRECT (%s): checkpoint files there go through the page "
+                    "cache", folder, exc)
+    return False
