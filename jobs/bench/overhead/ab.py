@@ -73,7 +73,8 @@ def run_size(size_name: str, arms: list[Arm], *, reps: int, work_dir: str,
 def _write_costs(root: str) -> dict[str, Any]:
     """The machine's cost of writing new files where the runs' checkpoints go (their run
     folders under `root`) and on the local tier's tmpfs, and of touching new memory."""
-    return {"storage": write_cost(root), "tmpfs": write_cost("/dev/shm"), "memory": touch_cost()}
+    return {"storage": write_cost(root), "storage_direct": write_cost(root, direct=True),
+            "tmpfs": write_cost("/dev/shm"), "memory": touch_cost()}
 
 
 def _one(arm: Arm, base: Workload, setting: Any, rep: int, index: int, root: str,

@@ -205,6 +205,10 @@ def write_costs(sizes: list[dict[str, Any]]) -> str:
                                    for when in ("before", "after"))
                 memory = (f", first touch of new memory {first} CPU-s per GB (again: "
                           f"{cost['after']['memory']['again_cpu_s_per_gb']:.2f})")
+            if "storage_direct" in cost["before"]:
+                direct = " / ".join(f"{cost[when]['storage_direct']['cpu_s_per_gb']:.2f}"
+                                    for when in ("before", "after"))
+                disk = f"{disk} (with O_DIRECT {direct})"
             parts.append(f"{entry['size']} {disk} CPU-s per GB on the checkpoints' disk, "
                          f"{cost['after']['tmpfs']['cpu_s_per_gb']:.2f} on /dev/shm{memory}")
     if not parts:
@@ -221,7 +225,8 @@ def write_costs(sizes: list[dict[str, Any]]) -> str:
             "touches one state size more new memory than DCP's (since ae34b01; in sittings on "
             "older code the writer copied each save into a buffer of its own: up to two state "
             "sizes more), and it drops each written file from the page cache, so a save's files "
-            "reuse the memory the previous one's freed (since bd46972).")
+            "reuse the memory the previous one's freed (since bd46972); since fc485d5 it writes "
+            "its data files with O_DIRECT, past the page cache (`CheckpointConfig.direct_io`).")
 
 
 def section(doc: dict[str, Any]) -> str:
