@@ -3,10 +3,9 @@ buffer straight to the device, never through the page cache.
 
 A buffered write of a GB-sized shard first takes a GB of page cache (new memory, which a busy
 node pays for in CPU time and in memory taken from training) and copies into it; dropping the
-pages after the fsync only limits how long they stay. O_DIRECT skips both: on the benchmark
-machine one GB cost the writer 0.03 CPU-seconds instead of 0.3-2.7 (docs/design.md, section 7).
-What it costs instead is a copy into the aligned buffer, since torch.save places each record
-at an offset of its own choosing. Lustre (FSx), XFS, ext4 and EBS volumes take O_DIRECT; tmpfs
+pages after the fsync only limits how long they stay. O_DIRECT skips both (docs/design.md,
+section 7). What it costs instead is a copy into the aligned buffer, since torch.save places
+each record at an offset of its own choosing. Lustre (FSx), XFS, ext4 and EBS volumes take O_DIRECT; tmpfs
 and some FUSE or NFS mounts refuse it, at open or at the first write, and the file is then
 written buffered like any other.
 """
