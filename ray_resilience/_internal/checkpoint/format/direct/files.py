@@ -5,9 +5,9 @@ A buffered write of a GB-sized shard first takes a GB of page cache (new memory,
 node pays for in CPU time and in memory taken from training) and copies into it; dropping the
 pages after the fsync only limits how long they stay. O_DIRECT skips both (docs/design.md,
 section 7). What it costs instead is a copy into the aligned buffer, since torch.save places
-each record at an offset of its own choosing. Lustre (FSx), XFS, ext4 and EBS volumes take O_DIRECT; tmpfs
-and some FUSE or NFS mounts refuse it, at open or at the first write, and the file is then
-written buffered like any other.
+each record at an offset of its own choosing. Lustre (FSx), XFS, ext4 and EBS volumes take
+O_DIRECT; tmpfs and some FUSE or NFS mounts refuse it, at open or at the first write, and the
+file is then written buffered like any other.
 """
 
 from __future__ import annotations
