@@ -67,8 +67,9 @@ class CheckpointConfig:
 
     direct_io: bool = True
     """Write data files on a local or shared POSIX file system (FSx for Lustre, EBS, NVMe) with
-    O_DIRECT, bypassing the node's page cache (where the file system refuses it, and on S3,
-    writes are buffered); False: buffered, each file's pages dropped after its fsync."""
+    O_DIRECT, and restore their large tensors with O_DIRECT straight into the model, bypassing
+    the node's page cache (buffered where the file system refuses it, and on S3); False:
+    buffered, each written file's pages dropped after its fsync."""
 
     num_storage_retries: int = 3
     """Retries of a failed storage write (S3 outage, network) before the save is given up."""

@@ -32,7 +32,7 @@ from ray_resilience.checkpoint.errors import (
     UnsafeCheckpointError,
 )
 from ray_resilience.examples.llama import build_model, causal_lm_loss
-from tests.support.single_rank import write_single_rank
+from tests.support.single_rank import flat_state, write_single_rank
 
 pytestmark = pytest.mark.timeout(60)
 SESSION = "0123456789abcdef"
@@ -134,13 +134,6 @@ def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
-def _flat(model, optimizer) -> dict[str, torch.Tensor]:
-    state = state_dict_of(model, optimizer)
-    out = {f"m.{k}": v for k, v in state["model"].items()}
-    for fqn, entry in state["optimizer"]["state"].items():
-        out.update({f"o.{fqn}.{k}": v for k, v in entry.items()})
-    return out
-
 
 @pytest.fixture
 def storage(tmp_path) -> CheckpointStorage:
@@ -161,7 +154,7 @@ def test_stock_dcp_load_reads_our_checkpoint(storage, zip_crc, direct):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load(state, checkpoint_id=storage.path(step_dir.name))
-    expected = _flat(model, optimizer)
+    expected = flat_state(model, optimizer)
     got = {f"m.{k}": v for k, v in state["model"].items()}
     got.update({f"o.{f}.{k}": v
                 for f, e in state["optimizer"]["state"].items() for k, v in e.items()})

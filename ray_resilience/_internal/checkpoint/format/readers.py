@@ -30,9 +30,10 @@ from ray_resilience._internal.checkpoint.format import layout, shard_io
 from ray_resilience._internal.checkpoint.format.commit import Manifest
 from ray_resilience._internal.checkpoint.format.dcp_metadata import loads_metadata
 from ray_resilience._internal.checkpoint.format.direct import records as direct_items
+from ray_resilience._internal.checkpoint.format.direct.files import DirectSource
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.wire import ShardPayload, is_tensor_item
-from ray_resilience.checkpoint.errors import CheckpointCorruptError
+from ray_resilience.checkpoint.errors import CheckpointCorruptError, classify
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -83,9 +84,10 @@ class _ReaderBase(StorageReader):
 class StorageShardReader(_ReaderBase):
     """Reads a committed step; every file is checked against the manifest before use."""
 
-    def __init__(self, storage: CheckpointStorage, manifest: Manifest) -> None:
+    def __init__(self, storage: CheckpointStorage, manifest: Manifest, *,
+                 direct: bool = True) -> None:
         super().__init__()
-        self.storage, self.manifest = storage, manifest
+        self.storage, self.manifest, self.direct = storage, manifest, direct
         self.folder = manifest.step_dir.name
         self.metadata: dcp_md.Metadata | None = None
         self.direct_items = 0
@@ -135,7 +137,7 @@ class StorageShardReader(_ReaderBase):
         rank = layout.file_rank(name)
         items = None if rank is None else layout.items_file_name(rank)
         infos = [self.storage_data[r.storage_index] for r in reqs]
-        if not self.storage.is_local or items not in self.manifest.files \
+        if not (self.direct and self.storage.is_local) or items not in self.manifest.files \
                 or not any(i.length >= direct_items.MIN_BYTES for i in infos):
             return reqs
         where = self.storage.display(f"{self.folder}/{name}")
@@ -144,7 +146,7 @@ class StorageShardReader(_ReaderBase):
         rest = []
         rel = f"{self.folder}/{layout.check_file_name(name, where=where)}"
         try:
-            with self.storage.open_source(rel) as source:
+            with DirectSource(self.storage.path(rel)) as source:
                 loader = direct_items.DirectItems(source, where, table)
                 for req, info in zip(reqs, infos, strict=True):
                     meta = self.metadata.state_dict_metadata[req.storage_index.fqn]
@@ -155,6 +157,8 @@ class StorageShardReader(_ReaderBase):
             raise CheckpointCorruptError(where, "the file is missing") from None
         except EOFError as exc:
             raise CheckpointCorruptError(where, f"shorter than its items say ({exc})") from None
+        except OSError as exc:  # only the file's reads raise it: typed like every storage read
+            raise classify(exc, where, "read") from exc
         self.direct_items += loader.count
         return rest
 

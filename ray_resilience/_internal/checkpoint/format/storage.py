@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ray_resilience._internal.checkpoint.format import layout
-from ray_resilience._internal.checkpoint.format.direct.files import DirectFile, DirectSource
+from ray_resilience._internal.checkpoint.format.direct.files import DirectFile
 from ray_resilience.checkpoint.errors import CheckpointStorageError, classify
 from ray_resilience.errors import ConfigError
 
@@ -110,16 +110,6 @@ class CheckpointStorage:
         """`length` bytes of a file from `offset` (one ranged read; the rest is never fetched)."""
         with self._errors(rel, "read"), self.fs.open_input_file(self.path(rel)) as f:
             return memoryview(f.read_at(length, offset))
-
-    @contextlib.contextmanager
-    def open_source(self, rel: str) -> Iterator[DirectSource | None]:
-        """A local file opened for reads that bypass the page cache (`DirectSource`); None on
-        an object store. Errors while it is open are typed like every read's."""
-        if not self.is_local:
-            yield None
-            return
-        with self._errors(rel, "read"), DirectSource(self.path(rel)) as source:
-            yield source
 
     def make_dir(self, rel: str) -> None:
         if self.is_local:  # object stores have no folders to create

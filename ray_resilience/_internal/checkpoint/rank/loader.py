@@ -283,7 +283,8 @@ def _from_storage(target: LoadTarget, step_dir: layout.StepDir, state: dict) -> 
     if manifest is None:
         where = target.storage.display(f"{step_dir.name}/{layout.MANIFEST_NAME}")
         raise CheckpointCorruptError(where, "the commit manifest disappeared")
-    _dcp_load(state, StorageShardReader(target.storage, manifest))
+    direct = target.config is None or target.config.direct_io
+    _dcp_load(state, StorageShardReader(target.storage, manifest, direct=direct))
     owner = target.rank if target.rank < manifest.world_size else 0
     name = layout.extra_file_name(owner)
     if name not in manifest.files:

@@ -114,10 +114,7 @@ class DirectFile:
             except OSError as exc:
                 if not self.direct or exc.errno != errno.EINVAL:
                     raise
-                # accepted at open, refused at write (some FUSE and NFS mounts)
-                self.direct = _refused(self.path, exc)
-                fcntl.fcntl(self._fd, fcntl.F_SETFL,
-                            fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                self.direct = _stop_direct(self._fd, self.path, exc)  # some FUSE and NFS mounts
             finally:
                 chunk.release()  # an error's traceback must not pin the buffer open
         self._offset += min(length, self._filled)
@@ -195,12 +192,17 @@ class DirectSource:
         except OSError as exc:
             if not self.direct or exc.errno != errno.EINVAL:
                 raise
-            self.direct = _refused(self.path, exc)
-            fcntl.fcntl(self._fd, fcntl.F_SETFL,
-                        fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            self.direct = _stop_direct(self._fd, self.path, exc)
             return os.preadv(self._fd, [chunk], offset)
         finally:
             chunk.release()
+
+
+def _stop_direct(fd: int, path: str, exc: OSError) -> bool:
+    """`fd` was opened with O_DIRECT, which its file system accepted at open and refuses at the
+    first transfer: clears the flag (buffered from now on); False, as `_refused`."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+    return _refused(path, exc)
 
 
 def _refused(path: str, exc: OSError) -> bool:
