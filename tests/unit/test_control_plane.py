@@ -12,14 +12,23 @@ import pyarrow.fs as pafs
 import pytest
 
 import ray_resilience as rr
-from ray_resilience._internal.control.batch import ProgressBatch, ProgressFolder
+from ray_resilience._internal.control.batch import (
+    PARK_LIMIT_S,
+    BatchOrder,
+    ProgressBatch,
+    ProgressFolder,
+)
 from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
 from ray_resilience._internal.control.node_agent import MAX_BATCHES_PER_S, forward_interval_s
 from ray_resilience._internal.rank.liveness import ActivityProbe
 from ray_resilience._internal.supervisor.detection import FaultDetector
 from ray_resilience._internal.supervisor.rank_status import RankStatus
+from ray_resilience._internal.supervisor.recorders import RecoveryPhase
 from ray_resilience._internal.supervisor.run_record import RECENT_REPORTS, RunRecord
+from ray_resilience._internal.supervisor.state import DetectedFault
+from ray_resilience.callbacks import RecoveryDone
 from ray_resilience.errors import HangError, format_ranks
+from ray_resilience.policy.state import FaultCause
 from ray_resilience.timeouts import LearnedTimeouts
 from tests.support.dummy_group import FakeClock
 
@@ -262,3 +271,54 @@ def test_a_beat_that_waited_in_its_agent_is_dated_when_the_agent_got_it():
     late = ProgressBatch("n1", beats=[dataclasses.replace(beat, age=8.0, sent_at=0.5)])
     record.fold(late)
     assert record.heartbeat_age(0, clock.monotonic()) == pytest.approx(3.0)
+
+
+def _agent_batch(source: str, seq: int, attempt: int, steps: range,
+                 load: bool = False) -> ProgressBatch:
+    folder = ProgressFolder("n1")
+    for rank in (0, 1):
+        events = [{"phase": "checkpoint_load", "rank": rank, "t_start": 1.0, "t_end": 1.5,
+                   "tier": "local", "step": steps.start - 1}] if load else []
+        folder.add(rank, attempt, steps[-1], 0.1, [_report(rank, s) for s in steps], [],
+                   float(steps[-1]), events)
+    return dataclasses.replace(folder.take(), source=source, seq=seq)
+
+
+def test_an_agents_batches_fold_in_the_order_it_sent_them_whatever_thread_runs_first():
+    """The supervisor folds batches on several threads: the later batch of a recovery (its
+    step 117) taking the lock before the earlier one (the load, steps 114-116) must not make
+    the fault's record say it resumed from 116 with no load, as a tiers sitting once showed."""
+    clock = FakeClock()
+    events: list = []
+    record = RunRecord(2, clock=clock, emit=events.append)
+    record.start_attempt(0)
+    record.fold(_agent_batch("a", 1, 0, range(1, 114)))
+    fault = DetectedFault(cause=FaultCause.EXCEPTION, ranks=(1,), attempt=0, t_detect=0.0,
+                          step=114, fault_id="f1")
+    record.expect_recovery(1, fault, "in_process")
+    record.start_attempt(1)
+    earlier = _agent_batch("a", 2, 1, range(114, 117), load=True)
+    later = _agent_batch("a", 3, 1, range(117, 118))
+    record.fold(later)
+    assert record.global_step == 113  # held back until the batch before it came
+    record.fold(earlier)
+    assert record.global_step == 117
+    (done,) = [e for e in events if isinstance(e, RecoveryDone)]
+    assert done.resumed_from_step == 113 and done.rollback_steps == 1
+    (load,) = [e for e in events if isinstance(e, RecoveryPhase)]
+    assert load.tier == "local" and events.index(load) < events.index(done)
+
+
+def test_a_batch_waits_for_a_missing_one_at_most_the_park_limit_and_a_drain_releases_all():
+    order = BatchOrder()
+    b = {seq: ProgressBatch("n1", num_reports=1, source="a", seq=seq) for seq in range(1, 6)}
+    assert order.arrive(b[1], 0.0) == [b[1]]
+    assert order.arrive(b[3], 0.1) == []  # 2 is missing
+    assert order.arrive(b[4], 0.2) == []
+    assert order.arrive(b[5], 0.1 + PARK_LIMIT_S) == [b[3], b[4], b[5]]  # given up on 2
+    assert order.arrive(b[2], 5.0) == [b[2]]  # late: folded as it comes
+    other = ProgressBatch("n2", num_reports=1, source="b", seq=2)
+    assert order.arrive(other, 6.0) == [] and order.release() == [other]
+    assert order.release() == []
+    direct = ProgressBatch("direct", num_reports=1)
+    assert order.arrive(direct, 7.0) == [direct]  # folded in place, never numbered

@@ -62,9 +62,62 @@ class ProgressBatch:
     """(attempt, timed phase) as ranks reported them."""
     saves: list[tuple[int, list, float]] = dataclasses.field(default_factory=list)
     """(attempt, save timings, report time) per heartbeat that carried any."""
+    source: str = ""
+    """The node agent (one id per agent process) that sent it; "" for one folded in place."""
+    seq: int = 0
+    """Its place among the batches `source` sent, from 1 (`BatchOrder`)."""
 
     def __bool__(self) -> bool:
         return bool(self.beats or self.events or self.saves or self.num_reports)
+
+
+PARK_LIMIT_S = 1.0
+"""How long a batch waits for an earlier one of its agent before it is folded without it (the
+earlier one is then folded late, when it comes, as before `BatchOrder` existed)."""
+
+
+class BatchOrder:
+    """Hands each agent's batches on in the order the agent sent them. The supervisor is a
+    threaded actor: two batches of one agent can run on two of its threads, and the later one
+    can take the record's lock first. Folded out of order, a recovery's first completed step
+    arrives before the reports of the steps and the checkpoint load that came before it, and
+    the fault's record names the wrong step resumed from. Not thread-safe: the record calls it
+    under its lock."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+        """source -> the seq it is owed next"""
+        self._parked: dict[str, dict[int, tuple[ProgressBatch, float]]] = {}
+        """source -> batches that came early, with when they came"""
+
+    def arrive(self, batch: ProgressBatch, now: float) -> list[ProgressBatch]:
+        """The batches to fold now, in order: `batch` and any it was holding up, or nothing
+        while an earlier batch of its agent is missing (at most PARK_LIMIT_S)."""
+        if not batch.source:
+            return [batch]
+        owed = self._next.setdefault(batch.source, 1)
+        if batch.seq < owed:  # given up on by a release: late, folded as it comes
+            return [batch]
+        parked = self._parked.setdefault(batch.source, {})
+        parked[batch.seq] = (batch, now)
+        out = []
+        while owed in parked:
+            out.append(parked.pop(owed)[0])
+            owed += 1
+        self._next[batch.source] = owed
+        if parked and now - min(t for _, t in parked.values()) >= PARK_LIMIT_S:
+            out += self._release(batch.source)
+        return out
+
+    def release(self) -> list[ProgressBatch]:
+        """Every parked batch, in each agent's order (a drain: what is not here now is lost)."""
+        return [b for source in list(self._parked) for b in self._release(source)]
+
+    def _release(self, source: str) -> list[ProgressBatch]:
+        parked = self._parked.pop(source, {})
+        if parked:
+            self._next[source] = max(parked) + 1
+        return [parked[seq][0] for seq in sorted(parked)]
 
 
 class ProgressFolder:

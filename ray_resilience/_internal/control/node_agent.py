@@ -64,6 +64,9 @@ class NodeAgent:
         self._forward_lock = threading.Lock()
         self._in_flight: list[Any] = []
         self.sent = 0
+        self._source = uuid.uuid4().hex[:12]
+        """Names this agent process's batches, numbered from 1 (`BatchOrder`); a restarted
+        agent starts a new sequence."""
         restarted = _was_restarted()
         self._thread = threading.Thread(target=self._loop, name="rr-node-agent", daemon=True)
         self._thread.start()
@@ -92,7 +95,7 @@ class NodeAgent:
 
     def forward(self) -> None:
         with self._forward_lock:
-            batch = self._folder.take()
+            batch = self._numbered(self._folder.take())
             if not batch:
                 return
             try:
@@ -107,8 +110,18 @@ class NodeAgent:
         agents before it closes an attempt or the run), once the supervisor has folded the
         batches sent before (waiting at most TAKE_FLUSH_TIMEOUT_S for them)."""
         with self._forward_lock:
-            batch, in_flight, self._in_flight = self._folder.take(), self._in_flight, []
+            in_flight, self._in_flight = self._in_flight, []
+            batch = self._folder.take()
+            if batch:
+                batch = self._numbered(batch)
+                self.sent += 1
         wait_finished(in_flight, TAKE_FLUSH_TIMEOUT_S)
+        return batch
+
+    def _numbered(self, batch: Any) -> Any:
+        """`batch` with the next number of this agent's sequence (under the forward lock)."""
+        if batch:
+            batch.source, batch.seq = self._source, self.sent + 1
         return batch
 
     def ping(self) -> int:

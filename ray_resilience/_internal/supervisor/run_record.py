@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ray_resilience._internal.attempt import AttemptOutcome
-from ray_resilience._internal.control.batch import ProgressBatch, ProgressFolder
+from ray_resilience._internal.control.batch import BatchOrder, ProgressBatch, ProgressFolder
 from ray_resilience._internal.control.metrics_log import MetricsLog
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.recorders import RecoveryPhase
@@ -62,6 +62,8 @@ class RunRecord:
         self.num_reports = 0
         self.num_batches = 0
         self._direct = ProgressFolder("direct")
+        self._order = BatchOrder()
+        """Folds each node agent's batches in the order it sent them."""
         """Folds heartbeats sent straight to the supervisor, and attempt outcomes."""
         self.lock = threading.RLock()
         self._pending: dict[tuple[int, int], tuple[set[int], float]] = {}
@@ -103,7 +105,20 @@ class RunRecord:
             self.fold(self._direct.take())
 
     def fold(self, batch: ProgressBatch) -> None:
-        """One node's progress of one interval (see `ProgressBatch`)."""
+        """One node's progress of one interval (see `ProgressBatch`), folded after the
+        batches its agent sent before it (`BatchOrder`)."""
+        with self.lock:
+            for ready in self._order.arrive(batch, self.clock.monotonic()):
+                self._fold(ready)
+
+    def release_parked(self) -> None:
+        """Folds the batches still waiting for an earlier one of their agent (the supervisor's
+        drain: the earlier one is not coming before the attempt or the run closes)."""
+        with self.lock:
+            for batch in self._order.release():
+                self._fold(batch)
+
+    def _fold(self, batch: ProgressBatch) -> None:
         with self.lock:
             now = self.clock.monotonic()
             self.num_batches += 1

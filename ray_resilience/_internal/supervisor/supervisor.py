@@ -367,6 +367,7 @@ class Supervisor:
     def _drain_agents(self) -> None:
         for batch in self._group.drain_progress():
             self.record.fold(batch)
+        self.record.release_parked()
 
     def _flush_metrics(self) -> None:
         now = self._clock.monotonic()
