@@ -114,6 +114,23 @@ def test_targets_compare_ours_with_the_best_peer_of_each_column() -> None:
     assert rows["sigkill recovery p50 2x faster than the fastest peer"][-1] == "missed"
 
 
+def test_a_recovery_target_below_one_fault_free_step_is_said_to_be_out_of_reach() -> None:
+    doc = _doc()
+    doc["references"]["torchrun"]["steady_step_s"] = 3.2  # the fastest FSDP step
+    doc["references"]["ours"]["steady_step_s"] = 3.5
+    doc["mechanisms"]["torchft"] = {**doc["mechanisms"]["torchrun"], "family": "replicated"}
+    doc["references"]["torchft"] = {"steady_step_s": 0.5}  # replicas: not the same step
+    assert targets.step_floor(doc) == ("torchrun", 3.2)
+    rows = {r[1]: r for r in targets.rows_for(doc)}
+    # sigkill: torchrun's 7.00 s / 2 = 3.50 s >= 3.2 s, so ours' 4.00 s simply missed it
+    assert rows["sigkill recovery p50 2x faster than the fastest peer"][-1] == "missed"
+    doc["scenarios"]["aws"]["summary"]["ours"]["recovery"]["exception"]["p50"] = 3.4
+    rows = {r[1]: r for r in targets.rows_for(doc)}
+    assert rows["exception recovery p50 5x faster than the fastest peer"][-1] == (
+        "missed; out of reach: 1.20 s is below one step (3.20 s, torchrun)")
+    assert "cannot be shorter than one fault-free step" in targets.section([doc])
+
+
 def test_targets_leave_out_a_peer_that_met_fewer_faults_and_say_so() -> None:
     doc = _doc()
     doc["mechanisms"]["torchft"] = doc["mechanisms"]["torchrun"]
