@@ -228,3 +228,34 @@ def _one_item(nbytes: int):
     assert [i.type for i in items] == [WriteItemType.TENSOR]
     tensors, _ = captured.sources(items)
     return items, tensors
+
+
+def _resident_kb(array: np.ndarray) -> int:
+    """This process's resident KB of the mapping that starts at `array`'s first byte (smaps)."""
+    start = array.ctypes.data
+    with open("/proc/self/smaps", encoding="ascii") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{start:x}":
+            rss = next(x for x in lines[i + 1:] if x.startswith("Rss:"))
+            return int(rss.split()[1])
+    raise AssertionError("no mapping starts at the array")
+
+
+def test_a_buffer_written_elsewhere_is_mapped_populated_and_a_new_one_is_not(here):
+    """An adopted buffer or another process's buffer mapped here has its page tables filled by
+    the kernel up front (MAP_POPULATE), instead of one fault per page in the copy or write that
+    reads it; a new buffer is left to its first writer (populating it would touch all of it on
+    the calling thread)."""
+    nbytes = 64 * 4096
+    giver = shm.SharedBuffer(nbytes, here)
+    assert _resident_kb(giver.array) == 0  # new: nothing touched
+    giver.array[:] = 5
+    adopted = shm.SharedBuffer.adopted(giver.handle)
+    assert adopted is not None and _resident_kb(adopted.array) == nbytes // 1024
+    for writable in (False, True):
+        view = shm.BufferMaps().array(giver.handle, writable=writable)
+        assert view is not None and view.flags.writeable == writable
+        assert _resident_kb(view) == nbytes // 1024 and int(view[-1]) == 5
+    adopted.array[0] = 6  # the adopter may write: the same memory
+    assert int(giver.array[0]) == 6

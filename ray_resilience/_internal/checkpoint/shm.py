@@ -42,6 +42,12 @@ its writer's (the save in flight, a durable save waiting for its commit, the mem
 loader maps the memory tier, and a writer maps a rank's slots only where it cannot adopt them
 (`BufferPool.adopt` opens a file of its own instead of a mapping kept here)."""
 MAX_MAPS = 16
+POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+"""Mapping a buffer another process wrote, the kernel fills the page tables up front: its pages
+exist, and faulting them in one by one as the copy or the write reaches them cost ~0.3 CPU-s per
+GB on the benchmark machine, up front ~0.07 (docs/design.md, section 7). Never for a new buffer:
+that would touch every page of it on the calling thread (the slot's first copy does that, in the
+background)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +73,15 @@ class SharedBuffer:
     def __init__(self, nbytes: int, node_id: str | None, *, fd: int | None = None) -> None:
         """A new buffer; with `fd` (an open file of a buffer, which this object then owns), that
         buffer."""
+        adopting = fd is not None
         if fd is None:
             fd = os.memfd_create("ray_resilience-checkpoint", os.MFD_CLOEXEC)
         try:
             if not os.fstat(fd).st_size:
                 os.ftruncate(fd, nbytes)
-            mapping = mmap.mmap(fd, nbytes) if nbytes else None
+            # An existing buffer (adopted: written by its giver) is mapped populated.
+            flags = mmap.MAP_SHARED | (POPULATE if adopting else 0)
+            mapping = mmap.mmap(fd, nbytes, flags=flags) if nbytes else None
             info = os.fstat(fd)
         except BaseException:
             os.close(fd)
@@ -259,8 +268,8 @@ class BufferMaps:
                 return None
             if not handle.nbytes:
                 return np.empty(0, np.uint8)
-            mapping = mmap.mmap(fd, handle.nbytes,
-                                access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            mapping = mmap.mmap(fd, handle.nbytes, flags=mmap.MAP_SHARED | POPULATE, prot=prot)
         except (OSError, ValueError):
             return None
         finally:

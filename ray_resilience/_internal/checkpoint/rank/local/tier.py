@@ -26,6 +26,7 @@ import numpy as np
 
 from ray_resilience._internal.checkpoint.format.local_roots import hold
 from ray_resilience._internal.checkpoint.rank.local import space as local_space
+from ray_resilience._internal.checkpoint.shm import POPULATE
 from ray_resilience._internal.checkpoint.wire import ShardPayload, aligned_spans, layout_key
 from ray_resilience.checkpoint.errors import CheckpointCorruptError
 
@@ -228,7 +229,8 @@ class LocalSnapshots:
                 return np.empty(0, np.uint8)
             # The files only grow (fallocate) and are unlinked, never truncated, while a rank
             # may read them, so the mapping cannot lose pages under the reader.
-            mapped = mmap.mmap(f.fileno(), HEADER_BYTES + length, prot=mmap.PROT_READ)
+            mapped = mmap.mmap(f.fileno(), HEADER_BYTES + length, prot=mmap.PROT_READ,
+                               flags=mmap.MAP_SHARED | POPULATE)  # every page is read next
         data = np.frombuffer(mapped, np.uint8, count=length, offset=HEADER_BYTES)
         actual = local_space.checksum(header["checksum"], data)
         if actual != header["crc"]:
