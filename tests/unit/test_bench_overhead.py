@@ -22,6 +22,7 @@ from harness.threads import snapshot  # noqa: E402
 from overhead.ab import _paired  # noqa: E402
 from overhead.accounting import account  # noqa: E402
 from overhead.arms import parse_arms  # noqa: E402
+from overhead.map_cost import map_cost  # noqa: E402
 from overhead.startup import split  # noqa: E402
 from overhead.steps import run_costs  # noqa: E402
 from sweep.runner import PROCESSES_FILE  # noqa: E402
@@ -423,3 +424,10 @@ def test_first_steps_profile_sums_each_threads_cpu_between_logged_steps(tmp_path
     assert written["intervals"] == rows and written["code"] == "abc1234"
     assert (written["durable_every"], written["local_every"], written["usage"]) == \
         (2, 1, {"cpu_s": 12.0})
+
+
+def test_the_map_cost_probe_prices_every_way_of_mapping_a_buffer() -> None:
+    costs = map_cost(16 * 2**20)
+    assert set(costs) == {"new_memory", "same_mapping", "second_mapping",
+                          "second_mapping_populated"}
+    assert all(isinstance(cost, float) and cost >= 0 for cost in costs.values())
