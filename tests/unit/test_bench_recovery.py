@@ -265,7 +265,9 @@ def test_a_sweep_stopped_at_its_deadline_resumes_without_running_anything_twice(
 
     whole = sweep(str(tmp_path / "whole")).run()
     everything, ran[:] = list(ran), []
-    assert len(everything) == len(set(everything)) == 2 + 2 + 2 * 2  # calib, refs, 2 reps
+    # calibration and its run without saves, references, 2 repetitions
+    assert len(everything) == len(set(everything)) == 2 * 2 + 2 + 2 * 2
+    assert everything[:2] == ["001-ours-calibration-nosave", "002-ours-calibration"]
 
     out = str(tmp_path / "split")
     first = sweep(out, deadline=1e12)
@@ -335,10 +337,49 @@ def test_reference_repetitions_interleave_with_the_aws_ones_and_give_the_median(
     assert doc["ref_reps"] == 3
     assert compared[("reference", 0, "torchft")] is None  # the first: nothing to compare with
     assert compared[("reference", 2, "torchft")] == compared[("aws", 1, "torchft")] \
-        == "002-torchft-reference"  # after torchrun's calibration run (torchft has none)
+        == "003-torchft-reference"  # after torchrun's two calibration runs (torchft has none)
     # a journal from before reference repetitions existed resumes as one repetition
     old = tmp_path / "old.journal.jsonl"
     settings = cfg.settings(10)
     del settings["ref_reps"]
     old.write_text(json.dumps({"settings": settings}) + "\n")
     Journal(str(old), dataclasses.replace(cfg, ref_reps=1).settings(10), resume=True)
+
+
+def test_a_durable_saves_cost_is_measured_against_the_same_mechanism_saving_nothing(
+        tmp_path, monkeypatch) -> None:
+    """Each saving mechanism first runs the calibration length without saves; its steady step is
+    what the calibration run's saves are charged against (a background save slows every step,
+    so the saving run's own median would hide that), and the interval says so."""
+    from sweep import recovery  # noqa: PLC0415
+
+    def execute(mechanism, workload, *, phase, rep, timeout_s):
+        os.makedirs(workload.run_dir, exist_ok=True)
+        saving = bool(workload.checkpoint_interval)
+        return {"mechanism": mechanism, "phase": phase, "rep": rep, "status": "ok",
+                "error": None, "notes": [], "faults_planned": 0, "usage": {},
+                "intervals": {"durable": workload.checkpoint_interval, "local": 0},
+                "run_dir": workload.run_dir, "timeline": {"steady": 0.12 if saving else 0.10}}
+
+    charged: list[tuple] = []
+
+    def save_costs(timeline, steady, baseline=None):
+        charged.append((steady, baseline))
+        return 0.5, None
+
+    monkeypatch.setattr(recovery.runs, "execute", execute)
+    monkeypatch.setattr(recovery.runs, "timeline_of", lambda r: r["timeline"])
+    monkeypatch.setattr(recovery, "steady_step_s", lambda t: t["steady"])
+    monkeypatch.setattr(recovery, "save_costs", save_costs)
+    monkeypatch.setattr(recovery.runs, "score", lambda record, *a: None)
+    monkeypatch.setattr(recovery.runs, "compare", lambda record, *, own, family: None)
+    monkeypatch.setattr(recovery, "generate_shards", lambda *a, **k: None)
+    monkeypatch.setattr(recovery, "make_peer", _StubPeer)
+    cfg = recovery.SweepConfig(mechanisms=("torchrun",), scenarios=("aws",), reps=1,
+                               side_reps=1, quick=True, work_dir=str(tmp_path / "w"))
+    doc = recovery.SizeSweep(cfg, "tiny", log=lambda line: None).run()
+    assert charged == [(0.12, 0.10)]
+    cal = doc["calibration"]["torchrun"]
+    assert (cal["no_save_step_s"], cal["steady_step_s"], cal["durable_cost_s"]) == (
+        0.10, 0.12, 0.5)
+    assert "against a run without saves" in doc["intervals"]["torchrun"]["rule"]

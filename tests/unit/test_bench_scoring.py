@@ -103,6 +103,27 @@ def test_save_costs_are_the_excess_wall_per_durable_save_and_the_local_blocking(
     assert durable == pytest.approx(0.5) and local == pytest.approx(0.01)
 
 
+def test_a_save_that_slows_every_step_is_charged_against_the_run_without_saves() -> None:
+    """Background saves that slow every step by 20 ms hide in the run's own median step; the
+    same mechanism's run without saves (steps of 0.1 s) shows them: 0.02 x 5 steps per save,
+    plus the 0.3 s step after each save, less the local saves' blocking (charged to them)."""
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    t = 1.0
+    for step in range(1, 21):
+        t += 0.12 + (0.3 if step in (6, 11, 16) else 0.0)
+        timeline.step_completed(step, t, 2)
+        timeline.checkpoint_saved(step, t, 0.004, tier="local")
+        if step % 5 == 0:
+            timeline.checkpoint_saved(step, t, 0.05, tier=None)
+    hidden, _ = save_costs(timeline, steady_s=0.12)
+    assert hidden == pytest.approx(0.3)  # the per-step slowdown is missed
+    durable, local = save_costs(timeline, steady_s=0.12, baseline_s=0.1)
+    # steps 3..20 (18 steps, 3 saves): 18 x 0.02 + 3 x 0.3 - 18 x 0.004 of local blocking
+    assert durable == pytest.approx((18 * 0.02 + 0.9 - 18 * 0.004) / 3)
+    assert local == pytest.approx(0.004)
+
+
 def test_staleness_is_the_age_of_the_newest_durable_checkpoint_at_each_step() -> None:
     steps = [(s, 10.0 + s) for s in range(1, 9)]
     commits = [(2, 13.5), (4, 16.2), (3, 16.3)]  # step 3 committed after 4: 4 stays newest

@@ -87,6 +87,17 @@ def reference_table(doc: dict[str, Any]) -> str:
     return table(headers, rows)
 
 
+def _cost_rule(doc: dict[str, Any]) -> str:
+    """How this sweep measured a durable save's cost (the harness changed on 2026-12-05)."""
+    if any(c.get("no_save_step_s") for c in doc["calibration"].values()):
+        return ("A durable save's cost is the calibration run's wall time beyond the same "
+                "mechanism's run without saves (run just before it), less its local saves' "
+                "blocking, per save: a background save that slows every step counts in full.")
+    return ("A durable save's cost is the calibration run's wall time beyond its own median "
+            "step, per save (this sweep predates the run without saves, so a background save's "
+            "slowdown of every step hid in that median and its interval came out shorter).")
+
+
 def _sittings(doc: dict[str, Any]) -> str:
     """", run in 2 sittings (commits a, b)" when the sweep was resumed, else ""."""
     sittings = doc.get("sittings") or []
@@ -138,7 +149,8 @@ def section(doc: dict[str, Any]) -> str:
     out += ["### Fault-free runs, intervals, per-step overhead and configurations", "",
             "Each mechanism's intervals come from its own calibration run: Young's interval for "
             "what one save of that tier cost the run, with the AWS plan's mean time between "
-            "faults. Every fault-free run is compared bit for bit with its family's reference "
-            "(torchrun for the FSDP mechanisms, torchft for the replicated ones).",
+            f"faults. {_cost_rule(doc)} Every fault-free run is compared bit for bit with its "
+            "family's reference (torchrun for the FSDP mechanisms, torchft for the replicated "
+            "ones).",
             "", reference_table(doc), ""]
     return "\n".join(out).rstrip()

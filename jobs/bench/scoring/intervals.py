@@ -1,9 +1,11 @@
 """Checkpoint intervals from measured costs: the same rule for every tier of every mechanism.
 
 Each tier's interval is Young's sqrt(2 x cost x MTBF), in steps, where the cost is what one save
-of that tier costs the run end to end, measured in the mechanism's fault-free calibration run,
-and the MTBF is the plan's (run length / number of faults, every fault counted for every
-mechanism). An interval is at most a quarter of the run (a run always keeps some checkpoint).
+of that tier costs the run end to end, measured in the mechanism's fault-free calibration run
+against the same mechanism's run without saves (a background save slows every step around it,
+so the calibration run's own median step would hide part of its cost), and the MTBF is the
+plan's (run length / number of faults, every fault counted for every mechanism). An interval is
+at most a quarter of the run (a run always keeps some checkpoint).
 """
 
 from __future__ import annotations
@@ -24,22 +26,33 @@ def young_interval(cost_s: float, step_s: float, max_steps: int, num_faults: int
     return max(1, min(quarter, round(math.sqrt(2 * (cost_s / step_s) * mtbf_steps))))
 
 
-def save_costs(timeline: RunTimeline, steady_s: float) -> tuple[float | None, float | None]:
+def save_costs(timeline: RunTimeline, steady_s: float, baseline_s: float | None = None,
+               ) -> tuple[float | None, float | None]:
     """(durable, local) cost per save in a fault-free calibration run.
 
-    Durable: the wall time the run spent beyond `steady_s` per step (its median step, which
-    holds any per-step local-tier copy), per durable save: blocking and the background write's
-    slowdown of the steps around it both count. Local: the mean blocking of a local save (a
+    Durable: the wall time the run spent beyond the mechanism's step without saves
+    (`baseline_s`, the median step of its run that saves nothing) per durable save, less the
+    local saves' blocking in the same steps: blocking, the background work's slowdown of every
+    step it overlaps, and whatever the local tier costs beyond its blocking all count. Without a
+    baseline, beyond `steady_s` (this run's median step, which holds any per-step local-tier
+    copy and a share of any background work). Local: the mean blocking of a local save (a
     synchronous copy costs what it blocks).
     """
     steps = sorted_steps(timeline)
     durable = [s for s in timeline.saves if s.tier in (None, "storage")]
-    local = [s.blocking_s for s in timeline.saves if s.tier == "local"]
-    local_cost = statistics.mean(local) if local else None
+    local = [s for s in timeline.saves if s.tier == "local"]
+    local_cost = statistics.mean(s.blocking_s for s in local) if local else None
     saved_steps = {s.step for s in durable}
     if len(steps) < 3 or not saved_steps:
         return None, local_cost
     first, last = steps[1], steps[-1]  # the first step holds warm-up
-    excess = (last.t - first.t) - (last.step - first.step) * steady_s
-    count = sum(1 for s in saved_steps if first.step <= s < last.step)
-    return (max(0.0, excess / count) if count else None), local_cost
+    within = range(first.step, last.step)
+    count = sum(1 for s in saved_steps if s in within)
+    if not count:
+        return None, local_cost
+    if baseline_s is None:
+        excess = (last.t - first.t) - (last.step - first.step) * steady_s
+    else:
+        excess = (last.t - first.t) - (last.step - first.step) * baseline_s \
+            - sum(s.blocking_s for s in local if s.step in within)
+    return max(0.0, excess / count), local_cost

@@ -1,8 +1,9 @@
 """The recovery sweep at one state size: calibrate, measure fault-free, then faulty repetitions.
 
 1. calibration: each mechanism that checkpoints trains fault-free for a third of the run,
-   saving durably every few steps and to its local tier (if any) every step; what a save of
-   each tier costs the run gives its interval (`scoring.intervals`), the same rule for all;
+   saving durably every few steps and to its local tier (if any) every step, right after the
+   same run saving nothing; what a save of each tier costs the run against that one gives its
+   interval (`scoring.intervals`), the same rule for all;
 2. reference: each mechanism trains the whole run fault-free at those intervals, `ref_reps`
    times: its steady step (median over the repetitions; the fastest median is the yardstick),
    its overhead against plain torchrun, and the final parameters every faulty run is compared
@@ -146,18 +147,29 @@ class SizeSweep:
             peer = self.peers[name]
             if not (peer.uses_durable or peer.local_tier):
                 continue
+            # The same mechanism saving nothing, just before: the step its saves are added to.
+            baseline = self._steady_of(self._execute(name, self._workload(
+                base, name, "calibration-nosave", max_steps=steps, checkpoint_interval=0,
+                local_interval=0), "calibration", 1)) if peer.uses_durable else None
             wl = self._workload(base, name, "calibration", max_steps=steps,
                                 checkpoint_interval=every if peer.uses_durable else 0,
                                 local_interval=1 if peer.local_tier else 0)
             record = self._execute(name, wl, "calibration", 0)
             timeline = runs.timeline_of(record)
             steady = steady_step_s(timeline) if timeline is not None else None
-            durable, local = save_costs(timeline, steady) if steady else (None, None)
+            durable, local = save_costs(timeline, steady, baseline) if steady else (None, None)
             out[name] = {"status": record["status"], "error": record["error"], "steps": steps,
                          "durable_every": wl.checkpoint_interval, "steady_step_s": steady,
+                         "no_save_step_s": baseline,
                          "durable_cost_s": durable, "local_cost_s": local,
                          "usage": record["usage"]}
         return out
+
+    @staticmethod
+    def _steady_of(record: dict[str, Any]) -> float | None:
+        timeline = runs.timeline_of(record)
+        ok = timeline is not None and record["status"] == "ok"
+        return steady_step_s(timeline) if ok else None
 
     def _intervals(self, name: str, cal: dict[str, Any] | None) -> dict[str, Any]:
         peer, faults = self.peers[name], SCENARIOS["aws"][0]
@@ -173,8 +185,9 @@ class SizeSweep:
         local = 0
         if peer.local_tier and cal.get("local_cost_s") is not None:
             local = young_interval(cal["local_cost_s"], steady, self.steps, faults)
+        against = " against a run without saves" if cal.get("no_save_step_s") else ""
         return {"durable": durable if peer.uses_durable else 0, "local": local,
-                "rule": f"Young from measured cost, MTBF = {self.steps}/{faults} steps"}
+                "rule": f"Young from measured cost{against}, MTBF = {self.steps}/{faults} steps"}
 
     def _references(self, base: Workload, names: list[str], intervals: dict[str, Any],
                     rep: int) -> dict[str, dict[str, Any]]:
