@@ -57,6 +57,9 @@ class AttemptOutcome:
     error: WorkerError | None = None
     failed_at: float | None = None
     """Wall time of the exception: the earliest error across ranks is the root cause."""
+    in_distributed: bool = False
+    """The exception came out of torch.distributed (a collective, the store): possibly a peer's
+    failure seen from here, so the supervisor waits a moment for the peers' errors."""
     return_value: bytes | None = None
     """What the train function returned, cloudpickled by the rank; only the driver unpickles it."""
     metrics: list[dict[str, Any]] = dataclasses.field(default_factory=list)

@@ -10,8 +10,11 @@ import tracemalloc
 
 import pyarrow.fs as pafs
 import pytest
+import torch
 
 import ray_resilience as rr
+from ray_resilience._internal.attempt import AttemptOutcome
+from ray_resilience._internal.constants import DEFAULT_ERROR_GRACE_S
 from ray_resilience._internal.control.batch import (
     PARK_LIMIT_S,
     BatchOrder,
@@ -20,6 +23,7 @@ from ray_resilience._internal.control.batch import (
 )
 from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
 from ray_resilience._internal.control.node_agent import MAX_BATCHES_PER_S, forward_interval_s
+from ray_resilience._internal.rank.errors_capture import raised_in_distributed
 from ray_resilience._internal.rank.liveness import ActivityProbe
 from ray_resilience._internal.supervisor.detection import FaultDetector
 from ray_resilience._internal.supervisor.rank_status import RankStatus
@@ -27,7 +31,7 @@ from ray_resilience._internal.supervisor.recorders import RecoveryPhase
 from ray_resilience._internal.supervisor.run_record import RECENT_REPORTS, RunRecord
 from ray_resilience._internal.supervisor.state import DetectedFault
 from ray_resilience.callbacks import RecoveryDone
-from ray_resilience.errors import HangError, format_ranks
+from ray_resilience.errors import HangError, WorkerError, format_ranks
 from ray_resilience.policy.state import FaultCause
 from ray_resilience.timeouts import LearnedTimeouts
 from tests.support.dummy_group import FakeClock
@@ -322,3 +326,64 @@ def test_a_batch_waits_for_a_missing_one_at_most_the_park_limit_and_a_drain_rele
     assert order.release() == []
     direct = ProgressBatch("direct", num_reports=1)
     assert order.arrive(direct, 7.0) == [direct]  # folded in place, never numbered
+
+
+class _RunFutures:
+    """Run futures that finish at given times (seconds after the first wait), and every wait's
+    timeout."""
+
+    def __init__(self, done_at: dict[str, float], outcomes: dict[str, AttemptOutcome]) -> None:
+        self.done_at, self.outcomes, self.now, self.waits = done_at, outcomes, 0.0, []
+
+    def wait(self, refs, timeout_s, *, num_returns=1):
+        self.waits.append(timeout_s)
+        due = sorted(self.done_at[r] for r in refs)
+        self.now = max(self.now, min(due[num_returns - 1], self.now + timeout_s))
+        return [r for r in refs if self.done_at[r] <= self.now]
+
+    def outcome(self, ref, rank):
+        return self.outcomes[ref]
+
+
+def _failed(rank: int, failed_at: float, in_distributed: bool) -> AttemptOutcome:
+    return AttemptOutcome(rank=rank, attempt=0, status="failed", failed_at=failed_at,
+                          in_distributed=in_distributed, error=WorkerError(
+                              ranks=[rank], attempt=0, exc_type="RuntimeError",
+                              message="closed" if in_distributed else "bad batch",
+                              traceback=""))
+
+
+def test_an_error_from_the_users_code_is_reported_at_once_a_collectives_after_a_grace():
+    """A rank's own exception is the cause: no wait. A failed collective may be a peer's
+    failure seen from here: the supervisor waits a moment, and the peer's earlier error is the
+    one reported."""
+    cfg = rr.ResilienceConfig()
+    timeouts = LearnedTimeouts(step_s=30.0, first_step_s=60.0, phases_s={}, adaptive=None)
+    own = _RunFutures({"a": 0.01, "b": 0.03}, {"a": _failed(1, 10.0, False),
+                                               "b": _failed(0, 10.02, True)})
+    found = FaultDetector(own, cfg, timeouts, FakeClock()).collect({"a": 1, "b": 0}, 0)
+    assert found.fault.ranks == (1,) and own.waits == [cfg.monitor_interval_s, 0]
+    assert found.done == ("a",)  # the peer is interrupted by the repair, not waited for
+    seen = _RunFutures({"a": 0.03, "b": 0.01}, {"a": _failed(1, 10.0, False),
+                                                "b": _failed(0, 10.02, True)})
+    found = FaultDetector(seen, cfg, timeouts, FakeClock()).collect({"a": 1, "b": 0}, 0)
+    assert seen.waits == [cfg.monitor_interval_s, 0, DEFAULT_ERROR_GRACE_S]
+    assert set(found.done) == {"a", "b"}
+    assert found.fault.error.message == "bad batch" and found.fault.error.rank == 1
+
+
+def test_an_exception_raised_in_torch_distributed_is_told_from_the_users_own():
+    with pytest.raises(ValueError) as from_dist:  # no process group: raised in c10d's code
+        torch.distributed.barrier()
+    assert raised_in_distributed(from_dist.value)
+    assert raised_in_distributed(torch.distributed.DistNetworkError("peer gone"))
+    try:
+        try:
+            torch.distributed.barrier()
+        except ValueError as exc:
+            raise KeyError("wrapped by the user") from exc
+    except KeyError as wrapped:
+        assert raised_in_distributed(wrapped)
+    with pytest.raises(ZeroDivisionError) as own:
+        _ = 1 / 0
+    assert not raised_in_distributed(own.value)

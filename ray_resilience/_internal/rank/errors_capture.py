@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import traceback
 from typing import Any
@@ -33,6 +34,27 @@ def describe(exc: BaseException, rank: int, attempt: int) -> WorkerError:
                         message=str(exc), traceback=_user_frames(exc), cause=cause)
     _drop_frames(exc)
     return error
+
+
+DISTRIBUTED_FRAMES = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
+def raised_in_distributed(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) came out of torch.distributed code: a
+    collective or the store failing, which is how a rank sees a peer's failure. Call it before
+    `describe`, which drops the frames."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(c.__module__.startswith("torch.distributed") for c in type(exc).__mro__):
+            return True  # DistError and its kinds (backend, network, store)
+        tb = exc.__traceback__
+        while tb is not None:
+            if DISTRIBUTED_FRAMES in tb.tb_frame.f_code.co_filename:
+                return True
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _drop_frames(exc: BaseException | None) -> None:

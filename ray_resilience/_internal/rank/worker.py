@@ -37,7 +37,7 @@ from ray_resilience._internal.process_groups.teardown import (
     freeze_startup_objects,
     teardown_process_groups,
 )
-from ray_resilience._internal.rank.errors_capture import describe
+from ray_resilience._internal.rank.errors_capture import describe, raised_in_distributed
 from ray_resilience._internal.rank.interrupt import (
     TrainingInterrupted,
     async_raise,
@@ -270,7 +270,8 @@ class Worker:
                   else "preempted" if "preempted" in box else "finished")
         return AttemptOutcome(
             rank=spec.rank, attempt=spec.attempt, status=status, error=error,
-            failed_at=box.get("failed_at"), return_value=box.get("return"), metrics=metrics,
+            failed_at=box.get("failed_at"), in_distributed=box.get("in_distributed", False),
+            return_value=box.get("return"), metrics=metrics,
             last_step=step, last_step_time=step_time, checkpoint_saves=saves,
             events=events)
 
@@ -304,6 +305,7 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
             self._close_interrupt_window()
             box["failed_at"] = time.time()
+            box["in_distributed"] = raised_in_distributed(exc)
             box["error"] = describe(exc, spec.rank, spec.attempt)
         finally:
             _set_session(None)

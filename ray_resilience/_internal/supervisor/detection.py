@@ -17,6 +17,11 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ray_resilience._internal.attempt import AttemptOutcome, RankLost
+from ray_resilience._internal.constants import (
+    DEFAULT_ERROR_GRACE_S,
+    ERROR_GRACE_ENV_VAR,
+    env_float,
+)
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.run_record import Clock
 from ray_resilience._internal.supervisor.state import DetectedFault
@@ -27,8 +32,6 @@ from ray_resilience.timeouts import LearnedTimeouts
 
 log = logging.getLogger(__name__)
 
-ERROR_GRACE_S = 0.05
-"""After a first error, how long to wait for peers' errors so the earliest one is reported."""
 HANG_GRACE_S = 1.0
 """Ranks this close to their limit are reported with a hung one: a hung rank's peers block in
 their next collective a moment before or after it stops moving."""
@@ -85,10 +88,13 @@ class FaultDetector:
         errors = [o for o in outcomes if o.error is not None]
         done, taken = list(ready), set(ready)
         rest = [ref for ref in refs if ref not in taken]
-        if (errors or lost) and rest:
-            # Peers of a failed rank often fail a moment later with a secondary error (a closed
-            # connection); a short grace lets the earliest error be the one reported.
-            more = self._group.wait(rest, ERROR_GRACE_S, num_returns=len(rest))
+        if (lost or any(o.in_distributed for o in errors)) and rest:
+            # A rank that dies, or whose collective fails, may be seeing a peer's failure (a
+            # closed connection) before that peer's own outcome is here: a short grace lets the
+            # root cause be the one reported. An error raised in the train function's own code
+            # is the cause: no wait.
+            more = self._group.wait(rest, env_float(ERROR_GRACE_ENV_VAR, DEFAULT_ERROR_GRACE_S),
+                                    num_returns=len(rest))
             more_outcomes, more_lost = self._read(futures, more)
             outcomes, lost, done = outcomes + more_outcomes, lost + more_lost, done + list(more)
             errors = [o for o in outcomes if o.error is not None]
