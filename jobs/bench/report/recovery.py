@@ -90,9 +90,11 @@ def reference_table(doc: dict[str, Any]) -> str:
 def _cost_rule(doc: dict[str, Any]) -> str:
     """How this sweep measured a durable save's cost (the harness changed on 2026-12-05)."""
     if any(c.get("no_save_step_s") for c in doc["calibration"].values()):
-        return ("A durable save's cost is the calibration run's wall time beyond the same "
-                "mechanism's run without saves (run just before it), less its local saves' "
-                "blocking, per save: a background save that slows every step counts in full.")
+        return ("A durable save's cost is the calibration run's wall time beyond its own "
+                "median step per save or, where that is more, beyond the same mechanism's run "
+                "without saves (run just before it) less its local saves' blocking: a background "
+                "save that slows every step counts in full, and the two runs' noise never "
+                "lowers the run's own figure.")
     return ("A durable save's cost is the calibration run's wall time beyond its own median "
             "step, per save (this sweep predates the run without saves, so a background save's "
             "slowdown of every step hid in that median and its interval came out shorter).")

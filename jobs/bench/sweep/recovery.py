@@ -2,8 +2,9 @@
 
 1. calibration: each mechanism that checkpoints trains fault-free for a third of the run,
    saving durably every few steps and to its local tier (if any) every step, right after the
-   same run saving nothing; what a save of each tier costs the run against that one gives its
-   interval (`scoring.intervals`), the same rule for all;
+   same run saving nothing; what a save of each tier costs the run (against its own median
+   step, or against that run where it shows more) gives its interval (`scoring.intervals`),
+   the same rule for all;
 2. reference: each mechanism trains the whole run fault-free at those intervals, `ref_reps`
    times: its steady step (median over the repetitions; the fastest median is the yardstick),
    its overhead against plain torchrun, and the final parameters every faulty run is compared
