@@ -44,9 +44,10 @@ loader maps the memory tier, and a writer maps a rank's slots only where it cann
 MAX_MAPS = 16
 POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 """Mapping a buffer another process wrote, the kernel fills the page tables up front: its pages
-exist, and faulting them in one by one as the copy or the write reaches them cost ~0.3 CPU-s per
-GB on the benchmark machine, up front ~0.07 (docs/design.md, section 7). Never for a new buffer:
-that would touch every page of it on the calling thread (the slot's first copy does that, in the
+exist, and faulting them in one by one as the copy or the write reaches them made a 1 GB copy
+through a new mapping cost 0.28 CPU-s on the benchmark machine, populated 0.16
+(`jobs/bench/overhead/map_cost.py`; docs/design.md, section 7). Never for a new buffer: that
+would touch every page of it on the calling thread (the slot's first copy does that, in the
 background)."""
 
 

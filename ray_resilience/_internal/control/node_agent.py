@@ -111,9 +111,8 @@ class NodeAgent:
         batches sent before (waiting at most TAKE_FLUSH_TIMEOUT_S for them)."""
         with self._forward_lock:
             in_flight, self._in_flight = self._in_flight, []
-            batch = self._folder.take()
+            batch = self._numbered(self._folder.take())
             if batch:
-                batch = self._numbered(batch)
                 self.sent += 1
         wait_finished(in_flight, TAKE_FLUSH_TIMEOUT_S)
         return batch
