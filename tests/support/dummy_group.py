@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from ray_resilience._internal.attempt import AttemptOutcome, AttemptSpec, RankLost
+from ray_resilience._internal.control.batch import ProgressFolder
 from ray_resilience._internal.supervisor.run_record import Clock
 from ray_resilience.errors import WorkerError
 
@@ -46,6 +47,10 @@ class Act:
     """finish | raise | die | node_lost | hang (silent until interrupted) | stuck (silent, and
     ignores interrupts)."""
     steps: int = 3
+    held: int = 0
+    """Of its step reports, the first `held` sit in the node's agent (the supervisor gets them
+    from `drain_progress`) and the rest travel in the attempt's outcome: an attempt that ends
+    within one forwarding interval of its start (0 = every report is a heartbeat)."""
 
 
 class Ref:
@@ -58,6 +63,8 @@ class Ref:
         self.ready_at: float | None = t0 + (act.steps + 1) * STEP_S if act.end in ends else None
         self.end = act.end
         self.sent = 0
+        self.unsent: list[tuple[int, dict]] = []
+        """Reports the outcome carries (`Act.held`)."""
 
 
 class DummyWorkerGroup:
@@ -74,6 +81,8 @@ class DummyWorkerGroup:
         self.launched: list[list[AttemptSpec]] = []
         self.killed: list[int] = []
         self.interrupted: list[list[int]] = []
+        self.held: list[tuple[int, dict]] = []
+        """(attempt, report) the node's agent holds (`Act.held`)."""
         self.replaced: list[list[int]] = []
         self.dropped: list[int] = []
         self.shut_down = False
@@ -136,8 +145,11 @@ class DummyWorkerGroup:
             self.clock.advance(max(0.0, t - self.clock.monotonic()))
             ref.sent += 1
             step = ref.sent
-            self.supervisor.heartbeat(ref.rank, ref.attempt, step, self.clock.time(),
-                                      [{"rank": ref.rank, "step": step, "time": self.clock.time()}],
+            report = {"rank": ref.rank, "step": step, "time": self.clock.time()}
+            if ref.act.held:  # held by the agent, or carried by the outcome
+                (self.held if step <= ref.act.held else ref.unsent).append((ref.attempt, report))
+                continue
+            self.supervisor.heartbeat(ref.rank, ref.attempt, step, self.clock.time(), [report],
                                       [], self.clock.time())
         self.clock.advance(max(0.0, until - self.clock.monotonic()))
 
@@ -152,7 +164,8 @@ class DummyWorkerGroup:
         return AttemptOutcome(rank=rank, attempt=ref.attempt, status=status, error=error,
                               failed_at=self.clock.time() if error else None,
                               return_value=f"r{rank}".encode() if status == "finished" else None,
-                              last_step=ref.sent or None, last_step_time=self.clock.time())
+                              last_step=ref.sent or None, last_step_time=self.clock.time(),
+                              metrics=[report for _, report in ref.unsent])
 
     # --- repair -------------------------------------------------------------------------------
 
@@ -208,7 +221,14 @@ class DummyWorkerGroup:
         return [None] * self.world_size  # heartbeats go straight to the supervisor
 
     def drain_progress(self) -> list[Any]:
-        return []
+        """What the node's agent holds (`Act.held`), as one batch."""
+        folder = ProgressFolder("node-a")
+        for attempt, report in self.held:
+            folder.add(report["rank"], attempt, report["step"], None, [report], [],
+                       report["time"], [])
+        self.held = []
+        batch = folder.take()
+        return [batch] if batch else []
 
     def pids(self) -> list[int]:
         return [i["pid"] for i in self.info]

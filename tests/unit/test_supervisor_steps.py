@@ -146,3 +146,18 @@ def test_steps_are_reported_through_heartbeats_and_completed_globally():
     assert steps == [1, 2, 3] and outcome.metrics["step"] == 3
     assert outcome.goodput is not None and outcome.goodput.final_step == 3
     assert outcome.wall_s == pytest.approx(4 * STEP_S, abs=0.06)
+
+
+def test_a_recovery_that_ends_before_its_agent_forwards_is_resumed_from_its_first_step():
+    """Attempt 1 ends within one forwarding interval: its first reports still sit in the node's
+    agent when the outcomes arrive with the rest. The agent is drained first, so the recovery
+    resumed from before step 1, not from the outcome's first step (a tiers sitting recorded
+    'fault at 114, resumed from 116' this way)."""
+    sup, _, events = make({(0, 0): Act("raise"), (0, 1): Act("hang"),
+                           (1, 0): Act("finish", steps=5, held=3),
+                           (1, 1): Act("finish", steps=5, held=3)}, both_rungs())
+    outcome = sup.run()
+    assert outcome.state == "finished"
+    (done,) = events.of("on_recovery_done")
+    assert done.attempt == 1 and done.resumed_from_step == 0 and done.rollback_steps == 3
+    assert [e.step for e in events.of("on_step_completed") if e.attempt == 1] == [1, 2, 3, 4, 5]

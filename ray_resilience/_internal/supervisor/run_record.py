@@ -218,6 +218,12 @@ class RunRecord:
         with self.lock:
             self._recovering[attempt] = (fault, mechanism)
 
+    def recovering(self, attempt: int) -> bool:
+        """Whether `attempt` recovers from a fault and has not completed a step yet: its first
+        completed step says where the recovery resumed, so its reports must fold in order."""
+        with self.lock:
+            return attempt in self._recovering
+
     def _add_event(self, attempt: int, ev: dict[str, Any]) -> None:
         """A timed phase reported by a rank; the first checkpoint load of a recovery is emitted."""
         if ev.get("phase") == "local_tier":

@@ -313,6 +313,9 @@ class Supervisor:
         self._watch_preemption()
         self._flush_metrics()
         found = self._detector.collect(self._futures, self._attempt)
+        if any(o.status == "finished" or self.record.recovering(o.attempt)
+               for o in found.outcomes):  # what agents hold was reported before what these carry
+            self._drain_agents()
         for outcome in found.outcomes:
             self.record.add_outcome(outcome)
         self._preemption.note_outcomes(found.outcomes)
