@@ -46,9 +46,10 @@ POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 """Mapping a buffer another process wrote, the kernel fills the page tables up front: its pages
 exist, and faulting them in one by one as the copy or the write reaches them made a 1 GB copy
 through a new mapping cost 0.28 CPU-s on the benchmark machine, populated 0.16
-(`jobs/bench/overhead/map_cost.py`; docs/design.md, section 7). Never for a new buffer: that
-would touch every page of it on the calling thread (the slot's first copy does that, in the
-background)."""
+(`jobs/bench/overhead/map_cost.py`; docs/design.md, section 7). Never for a buffer this process
+creates: that would touch every page of it on the calling thread (the slot's first copy does
+that, in the background). A lent buffer mapped to be filled whole (`BufferMaps.fill`) is
+populated too: the fill touches every page on that same thread anyway."""
 
 
 @dataclasses.dataclass(frozen=True)
