@@ -11,7 +11,11 @@ tier and NVRx's local checkpoints as rows of their own. Pairs that persist the s
 ours `block` vs DCP async (every save), ours `coalesce`/`skip` vs DCP async skip-when-busy
 (saves dropped while one is in flight). Per configuration (`ckpt/summary.py`): blocking,
 AWS efficiency, throughput efficiency against the no-checkpoint run of the same repetition,
-persisted fraction and staleness. Writes `checkpoint.json` into --out.
+persisted fraction and staleness. Writes `checkpoint.json` into --out; a rerun of some sizes
+into a folder that holds results replaces only those sizes' rows (each size keeps the command,
+date and repetitions of the sitting that measured it), so the sizes can run in sittings:
+
+    python jobs/bench/bench_checkpoint.py --sizes 1gb --out docs/benchmarks
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ckpt.summary import pool, score_rep  # noqa: E402
 from harness.launcher import with_bench_paths  # noqa: E402
 from harness.sizes import SIZES  # noqa: E402
 from sweep import machine  # noqa: E402
-from sweep.results import write_json  # noqa: E402
+from sweep.results import read_json, write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -112,8 +116,33 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
     document = {"benchmark": "checkpoint", **info, "quick": args.quick, "reps": args.reps,
                 "world_size": 2, "rows": rows, "duration_s": round(time.time() - started, 1)}
-    print(f"wrote {write_json(os.path.join(args.out, 'checkpoint.json'), document)}")
+    document["sittings"] = dict.fromkeys(args.sizes, sitting(document))
+    path = os.path.join(args.out, "checkpoint.json")
+    print(f"wrote {write_json(path, merged(path, document))}")
     return 0
+
+
+SITTING = ("command", "date_utc", "duration_s", "reps", "quick")
+"""What each size records (under "sittings") of the invocation that measured it."""
+
+
+def sitting(document: dict) -> dict:
+    return {key: document[key] for key in SITTING if key in document}
+
+
+def merged(path: str, document: dict) -> dict:
+    """`document` over the results already at `path`: its sizes' rows replace theirs, the other
+    sizes' rows stay, each size with the sitting that measured it (a size can be rerun alone:
+    the ~1 GB rows take most of an hour). The top level is the newest sitting's."""
+    if not os.path.exists(path):
+        return document
+    old = read_json(path)
+    new_sizes = set(document["sittings"])
+    kept = [row for row in old.get("rows", []) if row["size"] not in new_sizes]
+    sittings = {size: old.get("sittings", {}).get(size, sitting(old))
+                for size in dict.fromkeys(row["size"] for row in kept)}
+    sittings.update(document["sittings"])
+    return {**document, "rows": kept + document["rows"], "sittings": sittings}
 
 
 if __name__ == "__main__":

@@ -171,6 +171,36 @@ def test_the_checkpoint_section_pairs_like_with_like() -> None:
     assert "**Quick run**" in text
 
 
+def test_a_checkpoint_rerun_of_one_size_replaces_only_its_rows_and_sitting(tmp_path) -> None:
+    import bench_checkpoint  # noqa: PLC0415 - imports Ray: only this test needs it
+    from sweep.results import write_json  # noqa: PLC0415
+
+    def doc(command: str, sizes: tuple[str, ...], *, quick: bool = False) -> dict:
+        return {"benchmark": "checkpoint", "command": command, "date_utc": command,
+                "duration_s": 1.0, "reps": 1 if quick else 3, "quick": quick,
+                "rows": [{"size": s, "method": "ours_block", "by": command} for s in sizes]}
+    path = str(tmp_path / "checkpoint.json")
+    write_json(path, doc("old", ("tiny", "200mb"), quick=True))  # no "sittings": older format
+    new = doc("new", ("200mb", "1gb"))
+    new["sittings"] = dict.fromkeys(("200mb", "1gb"), bench_checkpoint.sitting(new))
+    got = bench_checkpoint.merged(path, new)
+    assert [(r["size"], r["by"]) for r in got["rows"]] == [
+        ("tiny", "old"), ("200mb", "new"), ("1gb", "new")]
+    assert got["sittings"]["tiny"]["command"] == "old" and got["sittings"]["tiny"]["quick"]
+    assert got["sittings"]["200mb"]["command"] == got["sittings"]["1gb"]["command"] == "new"
+    assert got["command"] == "new"
+    assert bench_checkpoint.merged(str(tmp_path / "none.json"), new) is new
+
+
+def test_the_checkpoint_section_names_the_sitting_of_each_size() -> None:
+    base = {"command": "c1", "date_utc": "d1", "duration_s": 1.0, "reps": 1, "quick": True}
+    doc = {**base, "rows": [{"size": size} for size in ("tiny", "1gb")], "sittings": {
+        "tiny": base, "1gb": {**base, "command": "c2", "reps": 3, "quick": False}}}
+    produced = [checkpoint._produced(size, s) for size, s in checkpoint._sittings(doc).items()]
+    assert produced[0].startswith("- tiny: `c1` on d1 (1 s, 1 repetition(s)). **Quick run**")
+    assert produced[1] == "- 1gb: `c2` on d1 (1 s, 3 repetition(s))."
+
+
 def test_the_overhead_section_judges_the_paired_mean_step_against_each_budget() -> None:
     def stat(x: float) -> dict:
         return {"median": x, "min": x, "max": x, "n": 3}

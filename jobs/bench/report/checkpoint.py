@@ -53,15 +53,26 @@ def _pair_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _sittings(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Size -> the invocation that measured it (older documents: one for every size)."""
+    given = doc.get("sittings", {})
+    return {size: given.get(size, doc) for size in dict.fromkeys(r["size"] for r in doc["rows"])}
+
+
+def _produced(size: str, sitting: dict[str, Any]) -> str:
+    quick = " **Quick run** (`--quick`: 1 repetition on a shared, noisy machine)." \
+        if sitting.get("quick") else ""
+    return (f"- {size}: `{sitting['command']}` on {sitting['date_utc']} "
+            f"({sitting['duration_s']:.0f} s, {sitting['reps']} repetition(s)).{quick}")
+
+
 def section(doc: dict[str, Any]) -> str:
-    out = ["## Checkpoint benchmark", ""]
-    if doc["quick"]:
-        out += ["**Quick run** (`--quick`: 1 repetition on a shared, noisy machine).", ""]
-    out += [f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s, "
-            f"{doc['reps']} repetition(s), interleaved with a no-checkpoint run per repetition). "
-            "Blocking is the slowest rank's, the next optimizer step's wait included; "
-            "persisted = durable checkpoints / saves requested; staleness = age of the newest "
-            "durable checkpoint (its own tier for node-local rows) at every step.", ""]
+    out = ["## Checkpoint benchmark", "",
+           "Each size's repetitions interleave every method with a no-checkpoint run. Blocking "
+           "is the slowest rank's, the next optimizer step's wait included; persisted = durable "
+           "checkpoints / saves requested; staleness = age of the newest durable checkpoint "
+           "(its own tier for node-local rows) at every step. Produced by:", ""]
+    out += [_produced(size, sitting) for size, sitting in _sittings(doc).items()] + [""]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in doc["rows"]:
         groups.setdefault((row["size"], row["interval"]), []).append(row)
