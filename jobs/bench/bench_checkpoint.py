@@ -34,11 +34,12 @@ sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 import ray  # noqa: E402 - after the path set-up above
 from ckpt.driver import Bench  # noqa: E402
 from ckpt.savers import DURABLE, METHODS  # noqa: E402
+from ckpt.sittings import merged, sitting  # noqa: E402
 from ckpt.summary import pool, score_rep  # noqa: E402
 from harness.launcher import with_bench_paths  # noqa: E402
 from harness.sizes import SIZES  # noqa: E402
 from sweep import machine  # noqa: E402
-from sweep.results import read_json, write_json  # noqa: E402
+from sweep.results import write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -120,29 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(args.out, "checkpoint.json")
     print(f"wrote {write_json(path, merged(path, document))}")
     return 0
-
-
-SITTING = ("command", "date_utc", "duration_s", "reps", "quick")
-"""What each size records (under "sittings") of the invocation that measured it."""
-
-
-def sitting(document: dict) -> dict:
-    return {key: document[key] for key in SITTING if key in document}
-
-
-def merged(path: str, document: dict) -> dict:
-    """`document` over the results already at `path`: its sizes' rows replace theirs, the other
-    sizes' rows stay, each size with the sitting that measured it (a size can be rerun alone:
-    the ~1 GB rows take most of an hour). The top level is the newest sitting's."""
-    if not os.path.exists(path):
-        return document
-    old = read_json(path)
-    new_sizes = set(document["sittings"])
-    kept = [row for row in old.get("rows", []) if row["size"] not in new_sizes]
-    sittings = {size: old.get("sittings", {}).get(size, sitting(old))
-                for size in dict.fromkeys(row["size"] for row in kept)}
-    sittings.update(document["sittings"])
-    return {**document, "rows": kept + document["rows"], "sittings": sittings}
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ def test_the_checkpoint_section_pairs_like_with_like() -> None:
 
 
 def test_a_checkpoint_rerun_of_one_size_replaces_only_its_rows_and_sitting(tmp_path) -> None:
-    import bench_checkpoint  # noqa: PLC0415 - imports Ray: only this test needs it
+    from ckpt import sittings  # noqa: PLC0415
     from sweep.results import write_json  # noqa: PLC0415
 
     def doc(command: str, sizes: tuple[str, ...], *, quick: bool = False) -> dict:
@@ -182,14 +182,14 @@ def test_a_checkpoint_rerun_of_one_size_replaces_only_its_rows_and_sitting(tmp_p
     path = str(tmp_path / "checkpoint.json")
     write_json(path, doc("old", ("tiny", "200mb"), quick=True))  # no "sittings": older format
     new = doc("new", ("200mb", "1gb"))
-    new["sittings"] = dict.fromkeys(("200mb", "1gb"), bench_checkpoint.sitting(new))
-    got = bench_checkpoint.merged(path, new)
+    new["sittings"] = dict.fromkeys(("200mb", "1gb"), sittings.sitting(new))
+    got = sittings.merged(path, new)
     assert [(r["size"], r["by"]) for r in got["rows"]] == [
         ("tiny", "old"), ("200mb", "new"), ("1gb", "new")]
     assert got["sittings"]["tiny"]["command"] == "old" and got["sittings"]["tiny"]["quick"]
     assert got["sittings"]["200mb"]["command"] == got["sittings"]["1gb"]["command"] == "new"
     assert got["command"] == "new"
-    assert bench_checkpoint.merged(str(tmp_path / "none.json"), new) is new
+    assert sittings.merged(str(tmp_path / "none.json"), new) is new
 
 
 def test_the_checkpoint_section_names_the_sitting_of_each_size() -> None:
