@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import pytest
 
@@ -125,6 +126,40 @@ def test_a_step_that_does_not_load_is_quarantined_and_the_resumed_timeline_wins(
     try:
         assert [r["step"] for r in on_all(ranks, "load")] == [5, 5]
         workload.assert_bit_equal(on_all(ranks, "full_state")[0], expected)
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
+def test_a_backlog_of_given_up_saves_costs_one_vote_and_every_drop_is_reported(ray_session,
+                                                                                tmp_path):
+    """Saves asked for faster than they are copied: each rank holds two snapshots being copied
+    and gives the next ones up at once. Its rounds thread passes over the given-up rounds and
+    votes "not ready" once, in the newest; the coordinator counts that vote as "not ready" in
+    every round the rank passed over, and each rank reports each save it gave up itself."""
+    service, ranks = start_with(
+        lambda: start_service(str(tmp_path), 2, in_flight_policy="coalesce",
+                              snapshot="overlap", memory_tier=False),
+        copy_delay_s=2.0)  # each background copy ends 2 s late: saves 3..8 find no slot
+    try:
+        for step in range(1, 9):
+            on_all(ranks, "save", step)
+        assert all(on_all(ranks, "wait_idle"))
+        deadline = time.monotonic() + 60
+        while (stats := service.stats())["pending_steps"] and time.monotonic() < deadline:
+            time.sleep(0.1)  # the newest durable step is being committed
+        # Per rank: step 1, step 2 (claimed, or given up once step 1 was being written) and
+        # step 8, which says "not ready" for 3..7 too: 3 votes, not 8.
+        assert stats["counts"]["votes"] == 6, stats
+        dropped = {(d["step"], d["rank"]): d["kind"] for d in stats["dropped"]}
+        for step in range(3, 9):
+            assert dropped.get((step, 0)) == dropped.get((step, 1)) == "skipped", dropped
+        committed = set(stats["committed_steps"])
+        assert 1 in committed and (2 in committed) != ((2, 0) in dropped), (committed, dropped)
+        assert not any(kind == "not_committed" for kind in dropped.values()), dropped
+        on_all(ranks, "save", 9)  # the rounds after the backlog are claimed as before
+        assert all(on_all(ranks, "wait_idle"))
+        wait_committed(service, 9)
     finally:
         stop_ranks(ranks)
         service.shutdown()

@@ -95,7 +95,20 @@ def test_a_vote_for_a_later_step_closes_earlier_rounds_the_voter_never_joined():
     rounds.vote("s1", 5, 0, ready=True, plan_id="p0", keys=KEYS[0])
     rounds.vote("s1", 6, 1, ready=True, plan_id="p1", keys=KEYS[1])  # rank 1 never saved step 5
     result = rounds.result("s1", 5, 0)
-    assert not result.claimed and "rank 1 moved on to step 6" in result.reason
+    # Rank 1 passed step 5 over and reports why itself: rank 0 learns who, and stays quiet.
+    assert not result.claimed and result.reason == "not ready: ranks [1]"
+    assert result.not_ready == (1,)
+
+
+def test_a_round_opened_after_a_rank_passed_it_over_is_not_claimed():
+    rounds = table()
+    rounds.vote("s1", 9, 1, ready=False, plan_id="p1", keys=KEYS[1])  # gave up 4..9 in one call
+    rounds.vote("s1", 5, 0, ready=True, plan_id="p0", keys=KEYS[0])
+    result = rounds.result("s1", 5, 0)
+    assert not result.claimed and result.not_ready == (1,)
+    rounds.vote("s1", 10, 0, ready=True, plan_id="p0", keys=None)
+    rounds.vote("s1", 10, 1, ready=True, plan_id="p1", keys=None)
+    assert rounds.result("s1", 10, 1).claimed  # the next round both join is claimed
 
 
 def test_a_new_session_ends_the_old_rounds_and_ignores_their_votes():

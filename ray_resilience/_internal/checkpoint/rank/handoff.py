@@ -29,15 +29,13 @@ from ray_resilience._internal.checkpoint.rank.slots import (
     SlotState,
 )
 from ray_resilience._internal.checkpoint.rank.state_cache import SaveSource
-from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
+from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink, writer_poll_s
 from ray_resilience._internal.checkpoint.service.rounds import RoundResult
 from ray_resilience._internal.checkpoint.shm import MAPS
 from ray_resilience._internal.checkpoint.wire import SaveTicket, ShardOutcome
 from ray_resilience._internal.constants import (
     DEFAULT_VOTE_WAIT_S,
-    DEFAULT_WRITER_POLL_S,
     VOTE_WAIT_ENV_VAR,
-    WRITER_POLL_ENV_VAR,
     checkpoint_call_timeout_s,
     env_float,
 )
@@ -45,10 +43,6 @@ from ray_resilience._internal.priority import defer_wakeups
 from ray_resilience.checkpoint.config import CheckpointConfig
 
 logger = logging.getLogger(__name__)
-
-
-def _writer_poll_s() -> float:
-    return env_float(WRITER_POLL_ENV_VAR, DEFAULT_WRITER_POLL_S)
 
 
 def _vote_wait_s() -> float:
@@ -260,7 +254,7 @@ class HandoffPipeline:
         if self.local is not None:
             self.local.close()
         for thread in self._threads:
-            thread.join(timeout=_writer_poll_s() + _vote_wait_s() + 5.0)
+            thread.join(timeout=writer_poll_s() + _vote_wait_s() + 5.0)
 
     def _copied(self, slot: Slot, torn: str | None) -> None:
         if torn is not None:
@@ -283,7 +277,6 @@ class HandoffPipeline:
             slot.state = SlotState.STAGED
         self.cond.notify_all()
 
-
     def _run_rounds(self) -> None:
         defer_wakeups()
         while True:
@@ -292,9 +285,12 @@ class HandoffPipeline:
                     self.cond.wait()
                 if self._closed:
                     return
+                passed = self._pass_over()
                 rnd = self._voting = self._rounds[0]
                 ready = self._wait_ready(rnd)
                 keys = None if rnd.plan_id in self._sent_plans else rnd.keys
+            for given_up in passed:
+                self.drops.report(given_up.session, given_up.step, *given_up.why)
             result = self._vote(rnd, ready, keys)
             with self.cond:
                 self._voting = None
@@ -318,6 +314,16 @@ class HandoffPipeline:
                 self.drops.report(rnd.session, rnd.step, *dropped)
             if claimed:
                 self._hand_off(slot, result.owned)
+
+    def _pass_over(self) -> list[_Round]:
+        """Takes the rounds at the head of the queue that this rank gave up before staging or
+        voting (skipped, withdrawn) while a later round waits behind them: the vote in that round
+        says "not ready" in theirs (`rounds.py`), so a backlog costs one call, not one each."""
+        passed = []
+        while len(self._rounds) > 1 and self._rounds[0].slot is None \
+                and self._rounds[0].why is not None:
+            passed.append(self._rounds.popleft())
+        return passed
 
     def _why_dropped(self, rnd: _Round, slot: Slot | None,
                      result: RoundResult) -> tuple[str, str] | None:
@@ -446,27 +452,9 @@ class HandoffPipeline:
             self._finish_write(ticket, self._wait_durable(ticket))
 
     def _wait_durable(self, ticket: SaveTicket) -> ShardOutcome:
-        deadline = time.monotonic() + self.config.write_timeout_s
         writer_id = self.link.writer_id
-        next_warning = time.monotonic() + self.config.warn_interval_s
         try:
-            while True:
-                poll_s = _writer_poll_s()
-                outcome = ray.get(self.link.handle.wait.remote(ticket.key, poll_s),
-                                  timeout=poll_s + 60)
-                if outcome is not None:
-                    return outcome
-                now = time.monotonic()
-                if self._closed or now > deadline:
-                    why = "checkpointer closed" if self._closed else (
-                        "not durable within CheckpointConfig.write_timeout_s="
-                        f"{self.config.write_timeout_s}")
-                    return ShardOutcome(ticket.session, ticket.step, False, why)
-                if now > next_warning:
-                    logger.warning("rank %d: checkpoint step %d not durable after %.0f s "
-                                   "(writer %s)", self.rank, ticket.step,
-                                   now - deadline + self.config.write_timeout_s, writer_id)
-                    next_warning = now + self.config.warn_interval_s
+            return self.link.wait_durable(ticket, self.config, closed=lambda: self._closed)
         except (*ACTOR_GONE, GetTimeoutError) as exc:
             return writer_failed(ticket, writer_id, exc, self._replace_writer)
 

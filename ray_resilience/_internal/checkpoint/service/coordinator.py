@@ -132,6 +132,7 @@ class CommitCoordinator:
         open)."""
         self._adopt(session, world_size)
         with self._round_cond:
+            self._counts["votes"] += 1
             self._rounds.vote(session, step, rank, ready=ready, plan_id=plan_id, keys=keys)
             self._round_cond.notify_all()
             return self._wait_round(session, step, rank, wait_s)
@@ -143,6 +144,7 @@ class CommitCoordinator:
         threads grow with nodes, not ranks. Returns each voter's outcome (None: open)."""
         self._adopt(session, world_size)
         with self._round_cond:
+            self._counts["votes"] += len(votes)
             self._rounds.vote_many(session, step, votes)
             self._round_cond.notify_all()
             first = min(votes)

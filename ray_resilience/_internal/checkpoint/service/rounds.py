@@ -1,7 +1,10 @@
 """Save rounds: which step every rank hands to its writer.
 
 A rank votes ready once its snapshot is complete and its writer idle; a round is claimed when
-every rank of the session voted ready, and only then does every rank hand the step off.
+every rank of the session voted ready, and only then does every rank hand the step off. A rank
+votes in step order and may pass over rounds it gave up (one call for a run of them): its vote in
+a later round counts as "not ready" in every earlier round it did not vote in, open or opened
+later.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ class RoundResult:
 
     claimed: bool
     reason: str
-    """"claimed", "not ready: ranks [..]", "rank r moved on", "session ended", "plan unknown"."""
+    """"claimed", "not ready: ranks [..]", "rank r gave up: ..", "session ended", "plan unknown"."""
     owned: tuple[bool, ...] | None = None
     """When claimed: for each of the asking rank's items, whether it writes that item."""
     not_ready: tuple[int, ...] = ()
@@ -44,11 +47,13 @@ class RoundTable:
         self._rounds: dict[int, _Round] = {}
         self._plans: dict[int, dict[str, list[tuple[str, int]]]] = {}
         self._owners: dict[tuple[str, ...], list[list[bool]]] = {}
+        self._latest: dict[int, int] = {}
+        """rank -> the newest step it voted in this session."""
 
     def begin(self, session: str, world_size: int) -> None:
         """A new attempt: every round of the previous session ends unclaimed."""
         self.session, self.world_size = session, world_size
-        self._rounds, self._plans, self._owners = {}, {}, {}
+        self._rounds, self._plans, self._owners, self._latest = {}, {}, {}, {}
 
     def vote(self, session: str, step: int, rank: int, *, ready: bool, plan_id: str,
              keys: list[tuple[str, int]] | None) -> None:
@@ -57,15 +62,26 @@ class RoundTable:
             return
         if keys is not None:
             self._plans.setdefault(rank, {})[plan_id] = list(keys)
+        self._latest[rank] = max(step, self._latest.get(rank, step))
         for earlier, rnd in self._rounds.items():
             if earlier < step and rnd.outcome is None and rank not in rnd.votes:
-                rnd.outcome = (False, f"rank {rank} moved on to step {step}")
+                self._passed_over(rnd, rank)
         rnd = self._rounds.setdefault(step, _Round())
         if rnd.outcome is None:
             rnd.votes[rank] = (bool(ready), plan_id)
+            for other, latest in self._latest.items():
+                if latest > step and other not in rnd.votes:
+                    self._passed_over(rnd, other)
             if len(rnd.votes) >= self.world_size:
                 self._resolve(rnd)
         self._forget_old()
+
+    def _passed_over(self, rnd: _Round, rank: int) -> None:
+        """`rank` voted in a later round without voting in `rnd`: it gave that step up (and says
+        why itself)."""
+        rnd.votes[rank] = (False, "")
+        if len(rnd.votes) >= self.world_size:
+            self._resolve(rnd)
 
     def vote_many(self, session: str, step: int,
                   votes: dict[int, tuple[bool, str, list[tuple[str, int]] | None]]) -> None:
