@@ -95,8 +95,10 @@ class Bench:
             config = CheckpointConfig(local_interval_steps=interval, local_max_bytes=None,
                                       local_dir=self.shm)
         else:
+            # The save interval a user saving every `interval` steps sets (the rank calls
+            # `save` itself at those steps): the writers import DCP before the first save.
             config = CheckpointConfig(in_flight_policy=method.split("_", 1)[1],
-                                      local_interval_steps=0)
+                                      interval_steps=interval, local_interval_steps=0)
         service = CheckpointService.start(
             storage_path=self.storage, run_name=name, storage_filesystem=None,
             world_size=self.world_size, node_ids_by_rank=[self.node] * self.world_size,

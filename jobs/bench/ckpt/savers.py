@@ -49,6 +49,9 @@ class Saver:
     def before_optimizer_step(self) -> float:
         return 0.0
 
+    def settle(self) -> None:
+        """Waits until the saves made so far are durable (after the untimed warm-up save)."""
+
     def finish(self) -> None:
         pass
 
@@ -90,6 +93,9 @@ class DcpAsync(Saver):
     def before_optimizer_step(self) -> float:
         return self._io.before_optimizer_step()
 
+    def settle(self) -> None:
+        self._io.finish_pending()
+
     def finish(self) -> None:
         self._io.close()
         self.commits = [(e["step"], e["t"]) for e in read_events(self.folder)
@@ -106,6 +112,9 @@ class Ours(Saver):
 
     def before_optimizer_step(self) -> float:
         return 0.0  # ours' guard waits inside optimizer.step(); the rank adds it afterwards
+
+    def settle(self) -> None:
+        self.rank.ckpt.wait_idle(600)
 
     def finish(self) -> None:
         self.rank.ckpt.wait_idle(600)
