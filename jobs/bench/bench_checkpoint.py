@@ -65,34 +65,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_size(size_name: str, args: argparse.Namespace, storage: str, shm: str) -> list[dict]:
+def run_size(size_name: str, args: argparse.Namespace, storage: str,
+             shm: str) -> tuple[list[dict], list[dict]]:
+    """The size's pooled rows, and the configurations of a repetition that failed (the ranks
+    are started anew after one, and the sitting goes on)."""
     size = SIZES[size_name]
     steps = size.checkpoint_steps // (2 if args.quick and size_name != "tiny" else 1)
     configs = [(m, k) for k in size.checkpoint_intervals for m in args.methods]
     bench = Bench(size_name, 2, storage, shm)
+    state_mb = bench.state_bytes / 1e6
     per_config: dict[tuple[str, int], list[dict]] = {}
+    failures: list[dict] = []
     try:
-        print(f"[{size_name}] {bench.state_bytes / 1e6:.0f} MB of state on 2 ranks", flush=True)
+        print(f"[{size_name}] {state_mb:.0f} MB of state on 2 ranks", flush=True)
         bench.run("none", 1, steps)  # untimed: first-run effects stay out of every baseline
         for rep in range(args.reps):
             order = [("none", 0), *configs]
             order = order[rep % len(order):] + order[:rep % len(order)]
             baseline, results = None, []
             for method, interval in order:
-                result = bench.run(method, interval or 1, steps)
+                if size.checkpoint_fresh_ranks:
+                    bench.close()
+                    bench = Bench(size_name, 2, storage, shm)
+                try:
+                    result = bench.run(method, interval or 1, steps)
+                except (ray.exceptions.RayError, TimeoutError) as exc:
+                    why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+                    failures.append({"size": size_name, "method": method, "interval": interval,
+                                     "rep": rep, "error": why})
+                    print(f"  rep {rep} {method} every {interval}: FAILED ({why})", flush=True)
+                    bench.close(kill=True)
+                    bench = Bench(size_name, 2, storage, shm)
+                    continue
                 if method == "none":
                     baseline = max(r["wall_s"] for r in result["ranks"])
                 else:
                     results.append((method, interval, result))
                 print(f"  rep {rep} {method} every {interval}: done", flush=True)
             for method, interval, result in results:
+                if baseline is None:
+                    continue  # the repetition's no-checkpoint run failed (listed): no yardstick
                 scored = score_rep(result, method, baseline)
                 per_config.setdefault((method, interval), []).append(scored)
     finally:
         bench.close()
-    return [{"size": size_name, "method": m, "interval": k, "steps": steps,
-             "durable": m in DURABLE, "state_mb": bench.state_bytes / 1e6, **pool(reps)}
+    rows = [{"size": size_name, "method": m, "interval": k, "steps": steps,
+             "durable": m in DURABLE, "state_mb": state_mb, **pool(reps)}
             for (m, k), reps in per_config.items()]
+    return rows, failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,19 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     shm = tempfile.mkdtemp(prefix="rrbench-ckpt-", dir="/dev/shm")
     ray_dir = tempfile.mkdtemp(prefix="rrb_ray_", dir="/tmp")
     os.environ.pop("RAY_ADDRESS", None)  # a private Ray, never someone else's cluster
-    started, rows = time.time(), []
+    started, rows, failures = time.time(), [], []
     try:
         ray.init(address="local", num_cpus=3, include_dashboard=False, _temp_dir=ray_dir,
                  log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": with_bench_paths("")}})
         for size_name in args.sizes:
-            rows += run_size(size_name, args, storage, shm)
+            size_rows, size_failures = run_size(size_name, args, storage, shm)
+            rows += size_rows
+            failures += size_failures
     finally:
         ray.shutdown()
         for folder in (storage, shm, ray_dir):
             shutil.rmtree(folder, ignore_errors=True)
     document = {"benchmark": "checkpoint", **info, "quick": args.quick, "reps": args.reps,
-                "world_size": 2, "rows": rows, "duration_s": round(time.time() - started, 1)}
+                "world_size": 2, "rows": rows, "failures": failures,
+                "duration_s": round(time.time() - started, 1)}
     document["sittings"] = dict.fromkeys(args.sizes, sitting(document))
     path = os.path.join(args.out, "checkpoint.json")
     print(f"wrote {write_json(path, merged(path, document))}")

@@ -190,15 +190,27 @@ def test_a_checkpoint_rerun_of_one_size_replaces_only_its_rows_and_sitting(tmp_p
     assert got["sittings"]["200mb"]["command"] == got["sittings"]["1gb"]["command"] == "new"
     assert got["command"] == "new"
     assert sittings.merged(str(tmp_path / "none.json"), new) is new
+    # A size's failed configurations go with its rows: the rerun's replace the old ones.
+    old = {**doc("old", ("tiny", "200mb")), "failures": [
+        {"size": "tiny", "rep": 0}, {"size": "200mb", "rep": 1}]}
+    write_json(path, old)
+    new["failures"] = [{"size": "1gb", "rep": 2}]
+    got = sittings.merged(path, new)
+    assert [(f["size"], f["rep"]) for f in got["failures"]] == [("tiny", 0), ("1gb", 2)]
 
 
 def test_the_checkpoint_section_names_the_sitting_of_each_size() -> None:
     base = {"command": "c1", "date_utc": "d1", "duration_s": 1.0, "reps": 1, "quick": True}
     doc = {**base, "rows": [{"size": size} for size in ("tiny", "1gb")], "sittings": {
         "tiny": base, "1gb": {**base, "command": "c2", "reps": 3, "quick": False}}}
-    produced = [checkpoint._produced(size, s) for size, s in checkpoint._sittings(doc).items()]
+    failures = [{"size": "1gb", "method": "nvrx_local", "interval": 5, "rep": 1,
+                 "error": "OutOfMemoryError: killed"}]
+    produced = [checkpoint._produced(size, s, failures)
+                for size, s in checkpoint._sittings(doc).items()]
     assert produced[0].startswith("- tiny: `c1` on d1 (1 s, 1 repetition(s)). **Quick run**")
-    assert produced[1] == "- 1gb: `c2` on d1 (1 s, 3 repetition(s))."
+    assert "Failed" not in produced[0]
+    assert produced[1] == ("- 1gb: `c2` on d1 (1 s, 3 repetition(s)). Failed, left out of its "
+                           "row: nvrx_local every 5 in repetition 1 (OutOfMemoryError: killed).")
 
 
 def test_the_overhead_section_judges_the_paired_mean_step_against_each_budget() -> None:

@@ -119,7 +119,12 @@ class Bench:
         return {"committed": stats["counts"].get("committed", 0),
                 "writer_bytes": stats["memory_bytes"]}
 
-    def close(self) -> None:
-        ray.get([r.close.remote() for r in self.ranks], timeout=120)
+    def close(self, *, kill: bool = False) -> None:
+        """Ends the ranks, asking them to close first unless `kill` (one of them died)."""
+        try:
+            if not kill:
+                ray.get([r.close.remote() for r in self.ranks], timeout=120)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # a rank that cannot close is killed below
         for r in self.ranks:
             ray.kill(r)

@@ -28,4 +28,6 @@ def merged(path: str, document: dict) -> dict:
     sittings = {size: old.get("sittings", {}).get(size, sitting(old))
                 for size in dict.fromkeys(row["size"] for row in kept)}
     sittings.update(document["sittings"])
-    return {**document, "rows": kept + document["rows"], "sittings": sittings}
+    failures = [f for f in old.get("failures", []) if f["size"] not in new_sizes]
+    return {**document, "rows": kept + document["rows"], "sittings": sittings,
+            "failures": failures + document.get("failures", [])}

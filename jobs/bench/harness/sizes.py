@@ -36,6 +36,10 @@ class Size:
     """Steps per configuration in the checkpoint benchmark."""
     checkpoint_intervals: tuple[int, ...]
     """Save intervals the checkpoint benchmark sweeps."""
+    checkpoint_fresh_ranks: bool = False
+    """Whether the checkpoint benchmark starts new rank processes for every configuration: at
+    ~1 GB per rank, what one method leaves mapped (DCP's checkpoint daemon, a stager's shared
+    memory) would crowd the next out of this machine's 24 GiB."""
 
     @property
     def state_bytes_per_rank(self) -> int:
@@ -67,7 +71,8 @@ SIZES: dict[str, Size] = {
     "1gb": Size(name="1gb", model=_with_dropout(LlamaConfig(
         dim=1024, n_layers=9, n_heads=16, n_kv_heads=4, vocab_size=32000, ffn_dim=2816,
         max_seq_len=64)), batch_size=1, seq_len=16, max_steps=12, quick_steps=10,
-        detect_timeout_s=60.0, checkpoint_steps=10, checkpoint_intervals=(5,)),
+        detect_timeout_s=60.0, checkpoint_steps=10, checkpoint_intervals=(5,),
+        checkpoint_fresh_ranks=True),
 }
 
 

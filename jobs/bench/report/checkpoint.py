@@ -59,11 +59,14 @@ def _sittings(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {size: given.get(size, doc) for size in dict.fromkeys(r["size"] for r in doc["rows"])}
 
 
-def _produced(size: str, sitting: dict[str, Any]) -> str:
+def _produced(size: str, sitting: dict[str, Any], failures: list[dict[str, Any]]) -> str:
     quick = " **Quick run** (`--quick`: 1 repetition on a shared, noisy machine)." \
         if sitting.get("quick") else ""
+    failed = "".join(
+        f" Failed, left out of its row: {f['method']} every {f['interval']} in repetition "
+        f"{f['rep']} ({f['error']})." for f in failures if f["size"] == size)
     return (f"- {size}: `{sitting['command']}` on {sitting['date_utc']} "
-            f"({sitting['duration_s']:.0f} s, {sitting['reps']} repetition(s)).{quick}")
+            f"({sitting['duration_s']:.0f} s, {sitting['reps']} repetition(s)).{quick}{failed}")
 
 
 def section(doc: dict[str, Any]) -> str:
@@ -72,7 +75,9 @@ def section(doc: dict[str, Any]) -> str:
            "is the slowest rank's, the next optimizer step's wait included; persisted = durable "
            "checkpoints / saves requested; staleness = age of the newest durable checkpoint "
            "(its own tier for node-local rows) at every step. Produced by:", ""]
-    out += [_produced(size, sitting) for size, sitting in _sittings(doc).items()] + [""]
+    failures = doc.get("failures", [])
+    out += [_produced(size, sitting, failures)
+            for size, sitting in _sittings(doc).items()] + [""]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in doc["rows"]:
         groups.setdefault((row["size"], row["interval"]), []).append(row)
