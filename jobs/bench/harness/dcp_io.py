@@ -149,17 +149,6 @@ class AsyncDCP:
         if self._process:
             end_checkpoint_process()
 
-
-def end_checkpoint_process() -> None:
-    """Ends torch's checkpoint daemon of this process, if one was started (DCP keeps it, with
-    its staged copy of the state, until the process exits: at ~1 GB per rank, 1.3 GB each).
-    torch has no public call for it: its object's finalizer asks the daemon to exit."""
-    from torch.distributed.checkpoint import _async_process_executor as executor  # noqa: PLC0415
-
-    daemon, executor._CHECKPOINT_PROCESS = executor._CHECKPOINT_PROCESS, None
-    if daemon is not None:
-        daemon.__del__()
-
     def _commit(self, step: int, name: str, *, ok: bool) -> None:
         try:
             if ok:
@@ -178,3 +167,14 @@ def end_checkpoint_process() -> None:
         steps = sorted(int(n.split("_")[1]) for n in os.listdir(self.root) if n.startswith("step_"))
         for old in [s for s in steps if s <= step][:-KEEP]:
             shutil.rmtree(os.path.join(self.root, f"step_{old:06d}"), ignore_errors=True)
+
+
+def end_checkpoint_process() -> None:
+    """Ends torch's checkpoint daemon of this process, if one was started (DCP keeps it, with
+    its staged copy of the state, until the process exits: at ~1 GB per rank, 1.3 GB each).
+    torch has no public call for it: its object's finalizer asks the daemon to exit."""
+    from torch.distributed.checkpoint import _async_process_executor as executor  # noqa: PLC0415
+
+    daemon, executor._CHECKPOINT_PROCESS = executor._CHECKPOINT_PROCESS, None
+    if daemon is not None:
+        daemon.__del__()
