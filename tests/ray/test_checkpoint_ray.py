@@ -76,6 +76,22 @@ def test_loading_restores_values_and_extra_from_memory(two_ranks):
     assert stats["committed_steps"] == [3] and stats["memory_bytes"] > 0
 
 
+def test_a_closed_checkpointer_lets_its_staging_memory_go_at_once(ray_session, tmp_path):
+    """Closing a checkpointer unmaps its snapshot slots and spares right away, without waiting
+    for Python's cycle collector: an in-process restart's new checkpointer would otherwise
+    allocate its slots beside the old ones (at GBs per rank, twice the staging memory)."""
+    service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=1))
+    try:
+        for _ in range(3):
+            on_all(ranks, "train", 1)
+            assert all(on_all(ranks, "wait_idle"))
+        assert all(n > 0 for n in on_all(ranks, "shared_mapped_bytes"))  # slots, spares
+        assert on_all(ranks, "close_checkpointer") == [0, 0]
+    finally:
+        stop_ranks(ranks)
+        service.shutdown()
+
+
 def test_saves_travel_in_shared_memory_the_writer_adopts_and_gives_back(ray_session, tmp_path):
     """Every save's shared staging slot is adopted by the writer (no copy), which keeps the memory
     tier in it and gives a buffer back to its rank once a newer commit replaced it: after the

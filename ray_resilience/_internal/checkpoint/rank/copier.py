@@ -157,6 +157,10 @@ class Copier:
         self._thread.join(timeout=30)
         self.unguard_all()
 
+    @property
+    def running(self) -> bool:
+        """Whether its thread is still alive (`close` gave up waiting for it)."""
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         defer_wakeups()  # woken from inside `save`: never preempt the training thread there

@@ -255,6 +255,11 @@ class HandoffPipeline:
             self.local.close()
         for thread in self._threads:
             thread.join(timeout=writer_poll_s() + _vote_wait_s() + 5.0)
+        running = any(t.is_alive() for t in self._threads) or self.copier.running or (
+            self.local is not None and self.local.running)
+        if not running:
+            with self.cond:  # nothing of ours uses the slots any more: their memory goes now
+                self.pool.close()
 
     def _copied(self, slot: Slot, torn: str | None) -> None:
         if torn is not None:

@@ -23,6 +23,7 @@ from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, 
 from ray_resilience._internal.checkpoint.rank.slots import LocalWrite, RankSaveStats, SlotState
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
+from ray_resilience._internal.checkpoint.shm import MAPS
 from ray_resilience._internal.checkpoint.wire import RankCheckpointSpec
 from ray_resilience._internal.constants import (
     TEST_COPY_DELAY_ENV_VAR,
@@ -285,3 +286,4 @@ class RankCheckpointer:
             self._pipeline.close()
             if self._local is not None:  # the files stay: a respawned rank reads them
                 self._local.close()
+            MAPS.clear()  # the writers' memory this rank mapped (loads): it goes with them

@@ -198,6 +198,17 @@ class SlotPool:
         oldest = min(staged, key=lambda s: s.step)
         return oldest, oldest
 
+    def close(self) -> None:
+        """Lets every slot's and spare's memory go now (the pipeline closed and its threads
+        ended). Without it the closed pipeline's reference cycles hold it until Python's cycle
+        collector runs: a new attempt's slots would be allocated beside the old ones."""
+        for slot in self.slots:
+            slot.release()
+            slot.buffers.close()
+        for spare in self.spares:
+            spare.close()
+        self.slots, self.spares = [], []
+
     def drop_unvoted(self) -> int:
         """Frees every snapshot not yet voted on (a new session begins); returns how many."""
         dropped = 0

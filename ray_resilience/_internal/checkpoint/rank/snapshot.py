@@ -157,6 +157,13 @@ class StagingBuffers:
         self.data: np.ndarray = self.flat.numpy()
         self.nbytes = sum(n for _, n in self.spans)
 
+    def close(self) -> None:
+        """Drops the views and closes the shared memory: its pages go now unless another view of
+        them is alive (then with it), or the writer adopted them (then with the writer's copy)."""
+        self.buffers, self.flat, self.data = [], torch.empty(0, dtype=torch.uint8), np.empty(0)
+        if self.shared is not None:
+            self.shared.close()
+
     @classmethod
     def length(cls, items: list[WriteItem]) -> int:
         """Bytes the buffers of `items` take, padding included (`data`'s length)."""

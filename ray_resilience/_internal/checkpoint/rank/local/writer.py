@@ -82,6 +82,11 @@ class LocalWriter:
             self._cond.notify_all()
         self._thread.join(timeout=30)
 
+    @property
+    def running(self) -> bool:
+        """Whether its thread is still alive (`close` gave up waiting for it)."""
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         defer_wakeups()  # woken from inside `save`: never preempt the training thread there
         while True:
