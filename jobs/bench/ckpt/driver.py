@@ -59,7 +59,8 @@ class Bench:
     """Ranks of one size, reused across every configuration."""
 
     def __init__(self, size_name: str, world_size: int, storage: str, shm: str) -> None:
-        actor = ray.remote(BenchRank).options(num_cpus=1, max_concurrency=2)
+        # `run` and the writer's calls at once (taking a snapshot, giving memory back).
+        actor = ray.remote(BenchRank).options(num_cpus=1, max_concurrency=4)
         port = _port()
         self.size_name, self.world_size = size_name, world_size
         self.storage, self.shm = storage, shm
@@ -110,14 +111,17 @@ class Bench:
 
     @staticmethod
     def _settle(service: CheckpointService) -> dict[str, Any]:
-        """Waits (at most 60 s) for pending commits; committed count and writer memory."""
+        """Waits (at most 60 s) for pending commits; committed count, writer memory and how the
+        writers took the snapshots (adopted: no copy)."""
         deadline = time.monotonic() + 60
         stats = service.stats()
         while stats["pending_steps"] and time.monotonic() < deadline:
             time.sleep(0.2)
             stats = service.stats()
+        intake = {way: sum(w.get(way, 0) for w in stats["writers"])
+                  for way in ("adopted", "pulled", "filled", "copied", "unmapped")}
         return {"committed": stats["counts"].get("committed", 0),
-                "writer_bytes": stats["memory_bytes"]}
+                "writer_bytes": stats["memory_bytes"], "intake": intake}
 
     def close(self, *, kill: bool = False) -> None:
         """Ends the ranks, asking them to close first unless `kill` (one of them died)."""

@@ -8,6 +8,7 @@ import shutil
 import time
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 from harness.sizes import size
@@ -46,8 +47,20 @@ class BenchRank:
         return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
 
     def attach(self, spec: Any) -> None:
+        """Ours' checkpointer as the product's rank actor builds it: its writer takes each
+        snapshot from this actor (adopting the shared staging slot, no copy)."""
         self.detach()
-        self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size)
+        self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size,
+                                     exporter=ray.get_runtime_context().current_actor)
+
+    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
+        return None if self.ckpt is None else self.ckpt.export_snapshot(export_id, into)
+
+    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
+        return self.ckpt is not None and self.ckpt.snapshot_taken(export_id, kept)
+
+    def take_spare(self, handle: Any) -> bool:
+        return self.ckpt is not None and self.ckpt.take_spare(handle)
 
     def detach(self) -> None:
         """Closes ours' checkpointer (its optimizer-step guard goes with it)."""

@@ -37,7 +37,7 @@ def score_rep(result: dict[str, Any], method: str, baseline_wall_s: float | None
             "throughput_efficiency": baseline_wall_s / wall if baseline_wall_s and wall else None,
             "held_mb": (sum(r["held_bytes"] for r in ranks) + result.get("writer_bytes", 0)) / 1e6,
             "coalesced": sum(r["coalesced"] for r in ranks),
-            "skipped": sum(r["skipped"] for r in ranks)}
+            "skipped": sum(r["skipped"] for r in ranks), "intake": result.get("intake")}
 
 
 def pool(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -53,4 +53,8 @@ def pool(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "persisted_fraction": summary(fractions), "staleness": staleness_summary(ages),
         "held_mb": summary([r["held_mb"] for r in reps]),
         "coalesced_or_skipped": sum(r["coalesced"] + r["skipped"] for r in reps),
+        # Ours: how its writers took the snapshots, summed (adopted: the rank's shared slot, no
+        # copy; the others copy it).
+        **({"intake": {way: sum(r["intake"][way] for r in reps) for way in reps[0]["intake"]}}
+           if reps and reps[0].get("intake") else {}),
     }
