@@ -66,6 +66,8 @@ class RoundTable:
         for earlier, rnd in self._rounds.items():
             if earlier < step and rnd.outcome is None and rank not in rnd.votes:
                 self._passed_over(rnd, rank)
+                if len(rnd.votes) >= self.world_size:
+                    self._resolve(rnd)
         rnd = self._rounds.setdefault(step, _Round())
         if rnd.outcome is None:
             rnd.votes[rank] = (bool(ready), plan_id)
@@ -80,8 +82,6 @@ class RoundTable:
         """`rank` voted in a later round without voting in `rnd`: it gave that step up (and says
         why itself)."""
         rnd.votes[rank] = (False, "")
-        if len(rnd.votes) >= self.world_size:
-            self._resolve(rnd)
 
     def vote_many(self, session: str, step: int,
                   votes: dict[int, tuple[bool, str, list[tuple[str, int]] | None]]) -> None:
