@@ -33,6 +33,7 @@ sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 
 import ray  # noqa: E402 - after the path set-up above
 from ckpt.driver import Bench  # noqa: E402
+from ckpt.rank import WARM_UP_SAVES  # noqa: E402
 from ckpt.savers import DURABLE, METHODS  # noqa: E402
 from ckpt.sittings import merged, sitting  # noqa: E402
 from ckpt.summary import pool, score_rep  # noqa: E402
@@ -98,14 +99,15 @@ def run_size(size_name: str, args: argparse.Namespace, storage: str,
                     bench = Bench(size_name, 2, storage, shm)
                     continue
                 if method == "none":
-                    baseline = max(r["wall_s"] for r in result["ranks"])
+                    baseline = {"wall_s": max(r["wall_s"] for r in result["ranks"]),
+                                "machine_cpu_s": result["ranks"][0]["usage"]["machine_cpu_s"]}
                 else:
                     results.append((method, interval, result))
                 print(f"  rep {rep} {method} every {interval}: done", flush=True)
             for method, interval, result in results:
                 if baseline is None:
                     continue  # the repetition's no-checkpoint run failed (listed): no yardstick
-                scored = score_rep(result, method, baseline)
+                scored = score_rep(result, method, baseline, WARM_UP_SAVES)
                 per_config.setdefault((method, interval), []).append(scored)
     finally:
         bench.close()

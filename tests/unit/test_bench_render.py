@@ -163,11 +163,17 @@ def test_the_checkpoint_section_pairs_like_with_like() -> None:
                 "staleness": {"steps_median": 1, "steps_p99": 2, "steps_max": 2,
                               "seconds_median": 0.1, "seconds_p99": 0.2},
                 "held_mb": {**one, "median": 3.0}}
+    ours = {**row("ours_block", 0.7, 1.0),
+            "cpu_per_save_s": {"median": 0.42, "min": 0.4, "max": 0.5, "n": 3},
+            "intake": {"adopted": 12, "pulled": 0, "filled": 0, "copied": 0, "unmapped": 0}}
     doc = {"quick": True, "command": "c", "date_utc": "d", "duration_s": 1.0, "reps": 1,
-           "rows": [row("ours_block", 0.7, 1.0), row("dcp_async", 0.9, 1.0)]}
+           "rows": [ours, row("dcp_async", 0.9, 1.0)]}
     text = checkpoint.section(doc)
     assert "- ours_block vs dcp_async (both persist every save): throughput efficiency 70.0% " \
            "vs 90.0% (ours behind)" in text
+    # the machine's extra CPU per save, where measured; how ours' writers took the snapshots
+    assert "CPU per save 0.42 s (0.40 s–0.50 s) vs –; ours' writers took the snapshots " \
+           "adopted 12 (adopted: no copy)." in text
     assert "**Quick run**" in text
 
 

@@ -133,6 +133,10 @@ def test_staleness_is_the_age_of_the_newest_durable_checkpoint_at_each_step() ->
     assert ages == [(1, 1.0), (2, 2.0), (3, 3.0), (2, 2.0), (3, 3.0), (4, 4.0), (3, 3.0),
                     (4, 4.0)]
     assert staleness_summary(ages)["steps_max"] == 4
+    # timing began with step 2's checkpoint in place (warm-up saves): ages count from it
+    later = [(s, 10.0 + s) for s in range(3, 6)]
+    assert staleness(later, [(4, 14.5)], t_start=12.0, base_step=2) == [
+        (1, 1.0), (2, 2.0), (1, 1.0)]
     assert summary([0.5, None, 0.7, 0.6]) == {"median": 0.6, "min": 0.5, "max": 0.7, "n": 3}
 
 

@@ -21,7 +21,7 @@ import ray
 from ray_resilience._internal.checkpoint.service.service import CheckpointService
 from ray_resilience.checkpoint import CheckpointConfig
 
-from .rank import BenchRank
+from .rank import WARM_UP_SAVES, BenchRank
 
 POLL_S = 0.05
 
@@ -55,6 +55,12 @@ class CommitPoller:
         return self.commits
 
 
+def _given_back(stats: dict[str, Any]) -> bool:
+    """Every writer offered its rank each adopted snapshot but the newest (given or refused)."""
+    return all(w.get("spares_given", 0) + w.get("spares_refused", 0) >= w.get("adopted", 0) - 1
+               for w in stats["writers"])
+
+
 class Bench:
     """Ranks of one size, reused across every configuration."""
 
@@ -82,7 +88,9 @@ class Bench:
             extra: dict[str, Any] = {}
             if service is not None:
                 extra = self._settle(service)
-                extra["commits"] = [c for c in poller.stop() if c[0] >= 1]
+                extra["commits"] = [c for c in poller.stop() if c[0] > WARM_UP_SAVES]
+                extra["rank_staging_bytes"] = sum(ray.get([r.staging_bytes.remote()
+                                                           for r in self.ranks]))
         finally:
             if service is not None:
                 ray.get([r.detach.remote() for r in self.ranks])
@@ -111,11 +119,13 @@ class Bench:
 
     @staticmethod
     def _settle(service: CheckpointService) -> dict[str, Any]:
-        """Waits (at most 60 s) for pending commits; committed count, writer memory and how the
-        writers took the snapshots (adopted: no copy)."""
+        """Waits (at most 60 s) for pending commits and for the writers to give back what the
+        newest commits replaced (ours' steady state: the memory tier's snapshot in the writer,
+        one to stage into in the rank); committed count, writer memory and how the writers
+        took the snapshots (adopted: no copy)."""
         deadline = time.monotonic() + 60
         stats = service.stats()
-        while stats["pending_steps"] and time.monotonic() < deadline:
+        while (stats["pending_steps"] or not _given_back(stats)) and time.monotonic() < deadline:
             time.sleep(0.2)
             stats = service.stats()
         intake = {way: sum(w.get(way, 0) for w in stats["writers"])

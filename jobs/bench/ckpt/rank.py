@@ -4,6 +4,7 @@ checkpoint method at a time (`savers.py`); methods are called on every rank at o
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import time
 from typing import Any
@@ -19,6 +20,21 @@ from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheck
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
 from .savers import _local, make_saver
+
+WARM_UP_SAVES = 2
+"""Untimed saves before the timed steps: ours reaches its steady state (its writer keeps the
+newest snapshot in the memory tier and gives the one before back to stage into) at the second."""
+
+
+def _usage() -> dict[str, float]:
+    """This process's CPU seconds and page faults, and the whole machine's busy CPU seconds
+    (every process's: the writers', DCP's checkpoint daemons', Ray's)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    with open("/proc/stat", encoding="utf-8") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return {"cpu_s": me.ru_utime + me.ru_stime, "minflt": me.ru_minflt,
+            "majflt": me.ru_majflt, "machine_cpu_s": busy / os.sysconf("SC_CLK_TCK")}
 
 
 class BenchRank:
@@ -84,37 +100,50 @@ class BenchRank:
     def run(self, method: str, interval: int, steps: int, folder: str,
             shm_root: str) -> dict[str, Any]:
         """Trains `steps` steps saving every `interval` with `method` ("none": never), after
-        one untimed warm-up save (every method's one-time set-up stays out of the numbers)."""
+        WARM_UP_SAVES untimed saves, each durable before the next (every method's one-time
+        set-up stays out of the numbers, and each starts timing with the buffers it keeps: ours
+        stages into the memory its writer gave back after the second). Steps are numbered on
+        from the warm-up saves (1..WARM_UP_SAVES): the timed ones are WARM_UP_SAVES+1 on."""
         os.makedirs(folder, exist_ok=True)
         saver = make_saver(method, self, folder, shm_root)
-        self._train_step()
-        saver.before_optimizer_step()
-        self._optimizer_step()
-        saver.save(0)  # numbered 0: the timed saves are 1..steps
-        saver.settle()  # durable before timing: no method's first write lands in the timed steps
+        for warm_up in range(1, WARM_UP_SAVES + 1):
+            self._train_step()
+            saver.before_optimizer_step()
+            self._optimizer_step()
+            saver.save(warm_up)
+            saver.settle()  # durable: no method's warm-up write lands in the timed steps
         dist.barrier()
+        usage0 = _usage()
         blocking, step_times, saved, start = [], [], 0, time.time()
-        for i in range(1, steps + 1):
+        for n in range(1, steps + 1):
+            i = WARM_UP_SAVES + n
             self._train_step()
             waited = saver.before_optimizer_step()
             waited += self._optimizer_step()
             if blocking:
                 blocking[-1] += waited  # the wait belongs to the save before it
             step_times.append((i, time.time()))
-            if method != "none" and i % interval == 0:
+            if method != "none" and n % interval == 0:
                 t0 = time.time()
                 saved += saver.save(i)
                 blocking.append(time.time() - t0)
         wall = time.time() - start
+        usage = {k: v - usage0[k] for k, v in _usage().items()}
         saver.finish()
         dist.barrier()
         if self.rank == 0 and not method.startswith("ours"):  # ours': after its last commit
             shutil.rmtree(folder, ignore_errors=True)
         stats = self.ckpt.stats() if method.startswith("ours") else {}
         return {"blocking_s": blocking, "wall_s": wall, "t_start": start,
-                "step_times": step_times, "commits": [c for c in saver.commits if c[0] >= 1],
+                "step_times": step_times,
+                "commits": [c for c in saver.commits if c[0] > WARM_UP_SAVES],
                 "requested": len(blocking), "saved": saved, "held_bytes": saver.held_bytes,
-                "coalesced": stats.get("coalesced", 0), "skipped": stats.get("skipped", 0)}
+                "coalesced": stats.get("coalesced", 0), "skipped": stats.get("skipped", 0),
+                "usage": usage}
+
+    def staging_bytes(self) -> int:
+        """Shared memory ours' checkpointer holds for its next snapshots (spares included)."""
+        return 0 if self.ckpt is None else self.ckpt.stats()["staging_bytes"]
 
     def close(self) -> None:
         self.detach()

@@ -22,15 +22,30 @@ def _stale(row: dict[str, Any]) -> str:
     return f"{num(st['steps_median'])} / {num(st['steps_p99'])} steps, {ms(st['seconds_median'])}"
 
 
+def _cpu(row: dict[str, Any]) -> str:
+    """The machine's extra CPU-seconds per save (older results did not measure it)."""
+    cpu = row.get("cpu_per_save_s")
+    return spread(cpu, lambda s: f"{s:.2f} s") if cpu and cpu["n"] else NONE
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     headers = ["method", "blocking median", "blocking p99", "AWS efficiency",
                "throughput efficiency", "persisted", "staleness (median / p99, median age)",
-               "held memory"]
+               "held memory", "CPU per save"]
     body = [[r["method"] + ("" if r["durable"] else " (node-local)"), ms(r["blocking_median_s"]),
              ms(r["blocking_p99_s"]), spread(r["aws_efficiency"]),
              spread(r["throughput_efficiency"]), spread(r["persisted_fraction"], _whole),
-             _stale(r), spread(r["held_mb"], mb)] for r in rows]
+             _stale(r), spread(r["held_mb"], mb), _cpu(r)] for r in rows]
     return table(headers, body)
+
+
+def _intake(row: dict[str, Any]) -> str:
+    """How ours' writers took the snapshots (adopted: the rank's staging memory, no copy)."""
+    ways = {way: n for way, n in (row.get("intake") or {}).items() if n}
+    if not ways:
+        return ""
+    return "; ours' writers took the snapshots " + ", ".join(
+        f"{way} {n}" for way, n in ways.items()) + " (adopted: no copy)"
 
 
 def _pair_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -49,7 +64,7 @@ def _pair_lines(rows: list[dict[str, Any]]) -> list[str]:
                      f"{ms(b['blocking_p99_s'])}; persisted "
                      f"{_whole(a['persisted_fraction']['median'])} vs "
                      f"{_whole(b['persisted_fraction']['median'])}; staleness {_stale(a)} vs "
-                     f"{_stale(b)}.")
+                     f"{_stale(b)}; CPU per save {_cpu(a)} vs {_cpu(b)}{_intake(a)}.")
     return lines
 
 
@@ -74,7 +89,13 @@ def section(doc: dict[str, Any]) -> str:
            "Each size's repetitions interleave every method with a no-checkpoint run. Blocking "
            "is the slowest rank's, the next optimizer step's wait included; persisted = durable "
            "checkpoints / saves requested; staleness = age of the newest durable checkpoint "
-           "(its own tier for node-local rows) at every step. Produced by:", ""]
+           "(its own tier for node-local rows) at every step; held memory = what the method "
+           "keeps for checkpoints once settled (ours: the writers' memory tier and the ranks' "
+           "staging memory given back to them); CPU per save = the whole machine's busy "
+           "CPU-seconds over the timed steps above the no-checkpoint run, per save (every "
+           "process: ranks, writers, DCP's daemons). Before timing, every method makes "
+           "two untimed warm-up saves, each durable before the "
+           "next. Produced by:", ""]
     failures = doc.get("failures", [])
     out += [_produced(size, sitting, failures)
             for size, sitting in _sittings(doc).items()] + [""]

@@ -14,23 +14,24 @@ from .stats import percentile
 
 
 def staleness(steps: Sequence[tuple[int, float]], commits: Sequence[tuple[int, float]],
-              t_start: float) -> list[tuple[int, float]]:
+              t_start: float, base_step: int = 0) -> list[tuple[int, float]]:
     """(age in steps, age in seconds) at each step; `steps` and `commits` are (step, time).
 
     The age counts from the state the checkpoint holds (its step, completed at that step's
-    time); before any commit, from step 0 at `t_start` (a restart from scratch).
+    time); before any commit, from `base_step` at `t_start` (0: a restart from scratch; else
+    the checkpoint in place when timing began).
     """
     step_time = dict(steps)
     done = sorted((t, s) for s, t in commits)
     done_times = [t for t, _ in done]
-    newest_by_index, best = [], 0
+    newest_by_index, best = [], base_step
     for _, s in done:
         best = max(best, s)
         newest_by_index.append(best)
     ages = []
     for step, t in sorted(steps, key=lambda x: x[1]):
         index = bisect.bisect_right(done_times, t)
-        held = newest_by_index[index - 1] if index else 0
+        held = newest_by_index[index - 1] if index else base_step
         ages.append((step - held, t - step_time.get(held, t_start)))
     return ages
 
