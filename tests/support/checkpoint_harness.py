@@ -38,6 +38,7 @@ from ray_resilience._internal.checkpoint.rank.rank_checkpointer import (
     COPY_DELAY_ENV_VAR,
     RankCheckpointer,
 )
+from ray_resilience._internal.checkpoint.wire import SnapshotSource
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
 VOCAB = 256
@@ -55,7 +56,7 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return rows[:, :-1], rows[:, 1:]
 
 
-class RankActor:
+class RankActor(SnapshotSource):
     """One rank. Methods run on the actor's thread; all ranks must call collectives together."""
 
     def __init__(self, rank: int, world_size: int, port: int, spec: Any, preset: str = "tiny",
@@ -73,14 +74,8 @@ class RankActor:
         return RankCheckpointer(spec, rank=self.rank, world_size=self.world_size,
                                 exporter=ray.get_runtime_context().current_actor)
 
-    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
-        return None if self.ckpt is None else self.ckpt.export_snapshot(export_id, into)
-
-    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
-        return self.ckpt is not None and self.ckpt.snapshot_taken(export_id, kept)
-
-    def take_spare(self, handle: Any) -> bool:
-        return self.ckpt is not None and self.ckpt.take_spare(handle)
+    def snapshot_source(self) -> RankCheckpointer | None:
+        return self.ckpt
 
     def _build(self, preset: str) -> None:
         self.model = build_model(preset, seed=0)

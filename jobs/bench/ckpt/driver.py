@@ -3,8 +3,9 @@
 Configurations (method, interval) and a no-checkpoint baseline run in an order that rotates
 every repetition; each configuration's throughput is compared with the baseline of its own
 repetition. Ours' methods get a fresh `CheckpointService` per configuration (its writers made
-ready before timing, as every method's one-time set-up is) and a thread that polls its
-coordinator for the newest committed step, which stamps ours' commits (every POLL_S).
+ready before timing, as every method's one-time set-up is); its coordinator stamps each commit
+(`stats()["commit_times"]`), read once the configuration settled, so nothing polls it while
+the ranks train.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import threading
 import time
 from typing import Any
 
@@ -23,36 +23,11 @@ from ray_resilience.checkpoint import CheckpointConfig
 
 from .rank import WARM_UP_SAVES, BenchRank
 
-POLL_S = 0.05
-
 
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class CommitPoller:
-    """Records (step, time) whenever the service's newest committed step changes."""
-
-    def __init__(self, service: CheckpointService) -> None:
-        self.service, self.commits = service, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="commit-poller")
-        self._thread.start()
-
-    def _loop(self) -> None:
-        last = None
-        while not self._stop.wait(POLL_S):
-            step = self.service.latest_committed_step()
-            if step is not None and step != last:
-                self.commits.append((step, time.time()))
-                last = step
-
-    def stop(self) -> list[tuple[int, float]]:
-        self._stop.set()
-        self._thread.join()
-        return self.commits
 
 
 def _given_back(stats: dict[str, Any]) -> bool:
@@ -76,11 +51,11 @@ class Bench:
         self._count = 0
 
     def run(self, method: str, interval: int, steps: int) -> dict[str, Any]:
-        """Every rank's result of one configuration, plus ours' commits and writer memory."""
+        """Every rank's result of one configuration, plus ours' commits (step, time) and
+        memory."""
         self._count += 1
         name = f"{self.size_name}-{method}-{interval}-{self._count}"
         service = self._service(method, interval, name) if method.startswith("ours") else None
-        poller = CommitPoller(service) if service is not None else None
         try:
             results = ray.get([r.run.remote(method, interval, steps,
                                             os.path.join(self.storage, name),
@@ -88,7 +63,6 @@ class Bench:
             extra: dict[str, Any] = {}
             if service is not None:
                 extra = self._settle(service)
-                extra["commits"] = [c for c in poller.stop() if c[0] > WARM_UP_SAVES]
                 extra["rank_staging_bytes"] = sum(ray.get([r.staging_bytes.remote()
                                                            for r in self.ranks]))
         finally:
@@ -131,6 +105,7 @@ class Bench:
         intake = {way: sum(w.get(way, 0) for w in stats["writers"])
                   for way in ("adopted", "pulled", "filled", "copied", "unmapped")}
         return {"committed": stats["counts"].get("committed", 0),
+                "commits": [(step, t) for step, t in stats["commit_times"] if step > WARM_UP_SAVES],
                 "writer_bytes": stats["memory_bytes"], "intake": intake}
 
     def close(self, *, kill: bool = False) -> None:

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.fsdp import fully_shard
 
 from ray_resilience._internal.checkpoint.rank.rank_checkpointer import RankCheckpointer
+from ray_resilience._internal.checkpoint.wire import SnapshotSource
 from ray_resilience.examples.llama import build_model, causal_lm_loss
 
 from .savers import _local, make_saver
@@ -37,7 +38,7 @@ def _usage() -> dict[str, float]:
             "majflt": me.ru_majflt, "machine_cpu_s": busy / os.sysconf("SC_CLK_TCK")}
 
 
-class BenchRank:
+class BenchRank(SnapshotSource):
     """Built by the driver as a Ray actor; `run` trains `steps` steps with one method."""
 
     def __init__(self, rank: int, world_size: int, port: int, size_name: str) -> None:
@@ -69,14 +70,8 @@ class BenchRank:
         self.ckpt = RankCheckpointer(spec, rank=self.rank, world_size=self.world_size,
                                      exporter=ray.get_runtime_context().current_actor)
 
-    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
-        return None if self.ckpt is None else self.ckpt.export_snapshot(export_id, into)
-
-    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
-        return self.ckpt is not None and self.ckpt.snapshot_taken(export_id, kept)
-
-    def take_spare(self, handle: Any) -> bool:
-        return self.ckpt is not None and self.ckpt.take_spare(handle)
+    def snapshot_source(self) -> RankCheckpointer | None:
+        return self.ckpt
 
     def detach(self) -> None:
         """Closes ours' checkpointer (its optimizer-step guard goes with it)."""

@@ -198,3 +198,35 @@ class RankCheckpointSpec:
     world_size: int
     local_root: str | None = None
     """This run's local-tier folder prefix (`local_tier.node_root` adds the node; None: off)."""
+
+
+class SnapshotSource:
+    """The calls a checkpoint writer makes on the actor it takes a rank's snapshots from (the
+    `exporter` a `RankCheckpointer` is built with), for an actor class to inherit: each goes to
+    `snapshot_source()`, the rank's checkpointer (or what forwards to it), and answers "nothing"
+    while there is none."""
+
+    def snapshot_source(self) -> Any:
+        """This actor's `RankCheckpointer`, or an object forwarding these calls to it; None
+        when it has none (not built yet, or closed)."""
+        raise NotImplementedError
+
+    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
+        """A snapshot offered under `export_id`, for the writer to take: copied into `into` (a
+        buffer the writer lends) or returned (the object is the writer's then); None when given
+        up, or when there is no checkpointer any more."""
+        source = self.snapshot_source()
+        return None if source is None else source.export_snapshot(export_id, into)
+
+    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
+        """The writer took the snapshot offered under `export_id` from shared memory (`kept`: it
+        adopted that memory); False when the rank gave it up first (what was taken may be
+        torn)."""
+        source = self.snapshot_source()
+        return source is not None and source.snapshot_taken(export_id, kept)
+
+    def take_spare(self, handle: Any) -> bool:
+        """The writer gives back shared memory for the rank's next snapshot slot; False when
+        not taken (the writer keeps it)."""
+        source = self.snapshot_source()
+        return source is not None and source.take_spare(handle)

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from ray_resilience._internal.checkpoint.wire import SnapshotSource
 from ray_resilience._internal.rank import preimport
 from ray_resilience._internal.rank.errors_capture import describe_startup
 
@@ -30,7 +31,7 @@ def process_started_at() -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-class WorkerActor:
+class WorkerActor(SnapshotSource):
     """One rank's actor (see `Worker` for what each call does)."""
 
     def __init__(self, train_fn: bytes, train_config: dict[str, Any] | None,
@@ -82,19 +83,9 @@ class WorkerActor:
     def free_port(self) -> int:
         return self._worker.free_port()
 
-    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
-        """The checkpoint writer takes a snapshot: copied into the buffer `into` it lends, or
-        returned to it (the object is the writer's then)."""
-        return None if self._worker is None else self._worker.export_snapshot(export_id, into)
-
-    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
-        """The checkpoint writer took a snapshot from this rank's shared memory (`kept`: it
-        adopted that memory)."""
-        return self._worker is not None and self._worker.snapshot_taken(export_id, kept)
-
-    def take_spare(self, handle: Any) -> bool:
-        """The checkpoint writer gives back shared memory for the next snapshot slot."""
-        return self._worker is not None and self._worker.take_spare(handle)
+    def snapshot_source(self) -> Any:
+        """The rank's checkpointer, which the writer's calls (`SnapshotSource`) go to."""
+        return None if self._worker is None else self._worker.snapshot_source()
 
     def interrupt(self, attempt: int) -> bool:
         return self._worker is not None and self._worker.interrupt(attempt)

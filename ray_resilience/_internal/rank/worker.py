@@ -159,24 +159,10 @@ class Worker:
             return cuda_health(0)
         return None
 
-    def export_snapshot(self, export_id: str, into: Any = None) -> Any:
-        """A snapshot offered to this rank's checkpoint writer, for the writer to take (None:
-        given up, or no checkpointer any more); `into`: a buffer the writer lends for it."""
-        checkpointer = self._checkpointer
-        return None if checkpointer is None else checkpointer.export_snapshot(export_id, into)
-
-    def snapshot_taken(self, export_id: str, kept: bool = False) -> bool:
-        """The writer took the snapshot offered under `export_id` from shared memory (`kept`:
-        adopting that memory); False when this rank gave it up first (what it took may be
-        torn)."""
-        checkpointer = self._checkpointer
-        return checkpointer is not None and checkpointer.snapshot_taken(export_id, kept)
-
-    def take_spare(self, handle: Any) -> bool:
-        """The checkpoint writer gives back shared memory for this rank's next snapshot slot;
-        False when not taken."""
-        checkpointer = self._checkpointer
-        return checkpointer is not None and checkpointer.take_spare(handle)
+    def snapshot_source(self) -> RankCheckpointer | None:
+        """This rank's checkpointer, which its checkpoint writer takes snapshots from (through
+        the actor: `WorkerActor`, a `SnapshotSource`); None when it has none."""
+        return self._checkpointer
 
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

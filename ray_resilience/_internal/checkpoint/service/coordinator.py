@@ -60,6 +60,9 @@ class CommitCoordinator:
         """Per committed step and rank: the writer of the shard, then the replica holders."""
         self._commit_seq = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
+        self._commit_times: collections.deque[tuple[int, float]] = collections.deque(
+            maxlen=10_000)
+        """(step, wall time) of the newest commits, in commit order."""
         self._counts = collections.Counter()
         self._round_cond = threading.Condition()
         self._polls_released = threading.Event()
@@ -262,6 +265,7 @@ class CommitCoordinator:
                        *self._pool.replica_holders(writer_id, self.config.memory_replicas)]
                 for rank, (writer_id, _, _) in reports.items()}
             self._latencies.append(now - min(staged_at for _, staged_at, _ in reports.values()))
+            self._commit_times.append((step_dir.step, now))
             self._counts["committed"] += 1
             self._commit_seq += 1
             seq = self._commit_seq
@@ -341,6 +345,7 @@ class CommitCoordinator:
                 "dropped": self._dropped.describe(), "dropped_total": self._dropped.total,
                 "fenced": None if self._retention.fenced is None else str(self._retention.fenced),
                 "commit_latency_s": list(self._latencies),
+                "commit_times": [list(c) for c in self._commit_times],
                 "failed_shards": {f"{s}:{st}": e for (s, st), e in self._failed.items()},
                 "writers": self._pool.stats(),
             }
