@@ -30,12 +30,6 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _given_back(stats: dict[str, Any]) -> bool:
-    """Every writer offered its rank each adopted snapshot but the newest (given or refused)."""
-    return all(w.get("spares_given", 0) + w.get("spares_refused", 0) >= w.get("adopted", 0) - 1
-               for w in stats["writers"])
-
-
 class Bench:
     """Ranks of one size, reused across every configuration."""
 
@@ -63,8 +57,6 @@ class Bench:
             extra: dict[str, Any] = {}
             if service is not None:
                 extra = self._settle(service)
-                extra["rank_staging_bytes"] = sum(ray.get([r.staging_bytes.remote()
-                                                           for r in self.ranks]))
         finally:
             if service is not None:
                 ray.get([r.detach.remote() for r in self.ranks])
@@ -91,22 +83,29 @@ class Bench:
         ray.get([rank.attach.remote(spec) for rank, spec in zip(self.ranks, specs, strict=True)])
         return service
 
-    @staticmethod
-    def _settle(service: CheckpointService) -> dict[str, Any]:
-        """Waits (at most 60 s) for pending commits and for the writers to give back what the
-        newest commits replaced (ours' steady state: the memory tier's snapshot in the writer,
-        one to stage into in the rank); committed count, writer memory and how the writers
-        took the snapshots (adopted: no copy)."""
+    def _settle(self, service: CheckpointService) -> dict[str, Any]:
+        """Waits (at most 60 s) for pending commits, then (at most 10 s) until the shared memory
+        ours holds for checkpoints stops changing (a writer gives what a newer commit replaced
+        back to its rank; for a moment both have it open); committed count, commit times, that
+        memory (every buffer a writer has open, idle ones included, and the ranks' staging
+        memory) and how the writers took the snapshots (adopted: no copy)."""
         deadline = time.monotonic() + 60
         stats = service.stats()
-        while (stats["pending_steps"] or not _given_back(stats)) and time.monotonic() < deadline:
+        while stats["pending_steps"] and time.monotonic() < deadline:
             time.sleep(0.2)
             stats = service.stats()
+        deadline, seen, same = time.monotonic() + 10, None, 0
+        while same < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            stats = service.stats()
+            held = (sum(w["buffers"]["bytes"] for w in stats["writers"]),
+                    sum(ray.get([r.staging_bytes.remote() for r in self.ranks])))
+            same, seen = (same + 1 if held == seen else 0), held
         intake = {way: sum(w.get(way, 0) for w in stats["writers"])
                   for way in ("adopted", "pulled", "filled", "copied", "unmapped")}
         return {"committed": stats["counts"].get("committed", 0),
                 "commits": [(step, t) for step, t in stats["commit_times"] if step > WARM_UP_SAVES],
-                "writer_bytes": stats["memory_bytes"], "intake": intake}
+                "writer_bytes": seen[0], "rank_staging_bytes": seen[1], "intake": intake}
 
     def close(self, *, kill: bool = False) -> None:
         """Ends the ranks, asking them to close first unless `kill` (one of them died)."""
