@@ -116,6 +116,9 @@ def test_outage_coalesce_keeps_training_and_commits_the_newest_after(s3_run, s3_
     assert all(on_all(ranks, "wait_idle"))
     wait_committed(service, 5)
     assert service.stats()["committed_steps"] == [5, 2]  # 3 and 4 were coalesced away, 1 pruned
+    commits = service.stats()["commit_times"]  # (step, time) in commit order, pruned included
+    assert [step for step, _ in commits] == [1, 2, 5]
+    assert [t for _, t in commits] == sorted(t for _, t in commits)
     never_written = ("step_000000000003_", "step_000000000004_")
     assert not any(k.startswith(never_written) for k in keys(s3_server, prefix))
     loaded = on_all(ranks, "load")
