@@ -90,9 +90,10 @@ def section(doc: dict[str, Any]) -> str:
            "is the slowest rank's, the next optimizer step's wait included; persisted = durable "
            "checkpoints / saves requested; staleness = age of the newest durable checkpoint "
            "(its own tier for node-local rows) at every step; held memory = what the method "
-           "keeps for checkpoints once settled (ours: the writers' memory tier and the ranks' "
-           "staging memory given back to them); CPU per save = the whole machine's busy "
-           "CPU-seconds over the timed steps above the no-checkpoint run, per save (every "
+           "keeps for checkpoints once settled (ours: every buffer its writers have open, the "
+           "memory tier's included, and the ranks' staging memory); CPU per save = the whole "
+           "machine's busy CPU-seconds over the timed steps above the no-checkpoint run, per "
+           "save (every "
            "process: ranks, writers, DCP's daemons). Before timing, every method makes "
            "two untimed warm-up saves, each durable before the "
            "next. Produced by:", ""]
