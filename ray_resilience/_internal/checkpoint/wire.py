@@ -1,4 +1,5 @@
-"""Records that travel between ranks, writers and the commit coordinator (all picklable).
+"""Records that travel between ranks, writers and the commit coordinator (all picklable), and
+the calls a writer makes on the actor that hosts a rank's checkpointer (`SnapshotSource`).
 Importing it imports no torch: DCP types load when a record holding them is unpickled.
 """
 
