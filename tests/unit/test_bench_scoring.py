@@ -153,3 +153,27 @@ def test_ours_local_saves_land_in_the_step_interval_they_happened_in() -> None:
     assert stamped == [(5, 100.52, 0.003, "local"), (5, 100.53, 0.02, None)]
     record.add_saves(1, [(6, 0.004), (6, 0.005)], t=101.0)  # an old sender without times
     assert recorder.timeline.saves[-1].t == 101.0
+
+
+def test_a_checkpoint_repetition_charges_each_save_the_machine_cpu_above_its_baseline() -> None:
+    from ckpt.summary import pool, score_rep  # noqa: PLC0415 - the bench's own package
+
+    def rank(machine_cpu_s: float) -> dict:
+        return {"blocking_s": [0.01, 0.02], "wall_s": 12.0, "requested": 2, "held_bytes": 0,
+                "coalesced": 0, "skipped": 0, "t_start": 100.0,
+                "step_times": [(3, 101.0), (4, 102.0), (5, 103.0), (6, 104.0)],
+                "commits": [], "usage": {"machine_cpu_s": machine_cpu_s}}
+
+    result = {"ranks": [rank(30.0), rank(30.0)], "committed": 4, "commits": [(4, 102.5)],
+              "writer_bytes": 2_000_000, "rank_staging_bytes": 1_000_000}
+    scored = score_rep(result, "ours_block", {"wall_s": 10.0, "machine_cpu_s": 24.0},
+                       warm_up_saves=2)
+    assert scored["cpu_per_save_s"] == pytest.approx(3.0)  # (30 - 24) CPU-s over 2 saves
+    assert scored["persisted"] == 2  # the two warm-up commits are not the timed saves'
+    assert scored["held_mb"] == pytest.approx(3.0)  # the writers' and the ranks' memory
+    assert scored["throughput_efficiency"] == pytest.approx(10.0 / 12.0)
+    # ages count from the warm-up checkpoint (step 2) until step 4's commit
+    assert [a for a, _ in scored["ages"]] == [1, 2, 1, 2]
+    # a failed baseline, or a result from before the machine was measured: no figure
+    assert score_rep(result, "ours_block", None, warm_up_saves=2)["cpu_per_save_s"] is None
+    assert pool([scored])["cpu_per_save_s"]["median"] == pytest.approx(3.0)
