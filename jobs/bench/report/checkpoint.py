@@ -93,10 +93,8 @@ def section(doc: dict[str, Any]) -> str:
            "keeps for checkpoints once settled (ours: every buffer its writers have open, the "
            "memory tier's included, and the ranks' staging memory); CPU per save = the whole "
            "machine's busy CPU-seconds over the timed steps above the no-checkpoint run, per "
-           "save (every "
-           "process: ranks, writers, DCP's daemons). Before timing, every method makes "
-           "two untimed warm-up saves, each durable before the "
-           "next. Produced by:", ""]
+           "save (every process: ranks, writers, DCP's daemons). Before timing, every method "
+           "makes two untimed warm-up saves, each durable before the next. Produced by:", ""]
     failures = doc.get("failures", [])
     out += [_produced(size, sitting, failures)
             for size, sitting in _sittings(doc).items()] + [""]
