@@ -74,8 +74,10 @@ class LoadTarget:
 
 
 def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | None:
-    """Restores the newest step every rank can load; None when there is none, and
-    CheckpointLoadError when steps are committed but none loads on every rank."""
+    """Restores the newest step every rank can load; None when there is none (the model and
+    optimizer then as they came), and CheckpointLoadError when steps are committed but none
+    loads on every rank."""
+    stateless = target.optimizer is not None and not target.optimizer.state
     committed, holders = ray.get(target.coordinator.load_info.remote(target.rank),
                                  timeout=checkpoint_call_timeout_s())
     offer, own = _local_offer(target)
@@ -125,7 +127,19 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
             "of the attempt does)"))
     if target.local is not None:  # training starts over: a new timeline
         target.local.keep_only(None, None)
+    if stateless:
+        _forget_state(target.optimizer)
     return None
+
+
+def _forget_state(optimizer: torch.optim.Optimizer) -> None:
+    """Empties the state that reading a new optimizer's state dict created. To list an
+    optimizer's state, torch's `get_optimizer_state_dict` first steps a stateless optimizer once
+    with zero gradients and lr 0: parameters unchanged, but every parameter left with state
+    (AdamW: zero moments and a step count of 1). Offering or trying a snapshot reads it; when
+    nothing loads, the fresh start's first step must find no state, as in a run that never
+    restarted, or AdamW's bias correction counts one step too many and training diverges."""
+    optimizer.state.clear()
 
 
 def _local_offer(target: LoadTarget) -> tuple[list[tuple[str, int]], tuple[list, str] | None]:
