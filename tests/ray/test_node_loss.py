@@ -90,6 +90,22 @@ def test_node_removed_without_grace_during_training(clean_run, token_data_dir, t
         or (load["tier"] == "storage" and load["step"] > replicated), (load, out["log"])
 
 
+@pytest.mark.slow  # ~75 s: a 3-node cluster of its own in a subprocess
+@pytest.mark.timeout(420)
+def test_node_lost_before_the_first_commit_starts_over_bit_equal(clean_run, token_data_dir,
+                                                                  tmp_path):
+    """Nothing committed yet: every rank starts over from the seed, while the survivor's node
+    still holds its local snapshots (offered, never common). The fresh start must train exactly
+    as the fault-free run: offering a snapshot reads the optimizer's state dict, which makes
+    torch create its state, and a fresh start that kept it diverged."""
+    out = _run("fresh", token_data_dir, str(tmp_path / "store"), clean_run(2, 12))
+    assert out["ok"], out["error"]
+    fault = next(f for f in out["faults"] if f["t_detect"] >= out["log"]["removed_at"])
+    starts = [load for load in out["loads"] if load["attempt"] > fault["attempt"]]
+    assert starts and all(load["step"] is None for load in starts), out["loads"]
+    assert out["bit_equal"], "final weights differ from the fault-free run"
+
+
 @pytest.mark.slow  # 1.5-5 min: after a node dies, Ray's agents on the simulated cluster spin
 @pytest.mark.timeout(420)
 def test_lost_node_without_capacity_shrinks_to_min_workers(token_data_dir, tmp_path):

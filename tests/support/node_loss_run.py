@@ -29,17 +29,20 @@ STEPS = 12
 
 
 def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
-                   *, add_back: bool = True) -> None:
-    """Waits until the run reaches `step`, removes `node` without grace, then adds capacity."""
+                   *, add_back: bool = True, replicated: bool = True) -> None:
+    """Waits until the run reaches `step` (and, with `replicated`, until both ranks' shards of
+    the newest commit have a replica), removes `node` without grace, then adds capacity."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             supervisor = ray.get_actor(SUPERVISOR_NAME_PREFIX + run_name)
             status = ray.get(supervisor.status.remote())
             if (status.get("step") or 0) >= step:
-                replicated = _replicated_step(ray.get(supervisor.checkpoint_stats.remote()))
-                if replicated is not None:
-                    log["replicated_step"] = replicated
+                if not replicated:
+                    break
+                newest = _replicated_step(ray.get(supervisor.checkpoint_stats.remote()))
+                if newest is not None:
+                    log["replicated_step"] = newest
                     break
         except Exception:  # noqa: BLE001 - not started yet
             pass
@@ -92,6 +95,8 @@ def _equal(faulty: rr.Result, clean: list[dict] | None) -> bool:
 
 def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
     """mode "replace": capacity returns and the lost rank is respawned (bit-equal oracle);
+    mode "fresh": the same before anything is committed, so every rank starts over while the
+    survivor still holds local snapshots (bit-equal oracle);
     mode "shrink": it never returns and the run finishes on the remaining rank;
     mode "exclude": rank 1 is killed twice on its node, which is then excluded (see `exclude`).
     `reference`: the fault-free final weights of the same workload (a file the test wrote)."""
@@ -119,7 +124,7 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
         ray.shutdown()
         cluster.shutdown()
         return
-    if mode == "replace":
+    if mode in ("replace", "fresh"):
         in_job = rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=60.0)
     else:
         in_job = rr.InJobConfig(heartbeat_timeout_s=3.0, replacement_timeout_s=5.0, min_workers=1)
@@ -128,7 +133,7 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
     # Node processes can only be killed from the main thread (signals): train in a thread.
     # Replicas of each rank's newest committed shard on the other node's writer: the rank moved
     # to the new node can restore from memory although its writer died with the lost node.
-    checkpoint = CheckpointConfig(interval_steps=2, memory_replicas=1)
+    checkpoint = CheckpointConfig(interval_steps=100 if mode == "fresh" else 2, memory_replicas=1)
     resilience = rr.ResilienceConfig.default(checkpoint=checkpoint, in_job=in_job)
     trainer = threading.Thread(target=lambda: box.update(result=fit("lost", resilience)))
     trainer.start()
@@ -140,7 +145,8 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
     if not victims:  # the control plane spans both worker nodes: nothing can be removed safely
         raise RuntimeError(f"supervisor/coordinator/driver occupy every worker node: {control}")
     victim = victims[0]
-    remove_node_at(cluster, victim, "lost", 5, log, add_back=mode == "replace")
+    remove_node_at(cluster, victim, "lost", 5, log, add_back=mode != "shrink",
+                   replicated=mode != "fresh")
     trainer.join()
     faulty = box["result"]
     print(json.dumps({"ok": faulty.ok,
