@@ -12,6 +12,7 @@ import ray_resilience as rr
 from ray_resilience._internal.checkpoint.format.commit import committed_steps
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience.checkpoint import CheckpointConfig
+from ray_resilience.testing import Fault, FaultPlan
 from tests.support import workload
 
 pytestmark = pytest.mark.timeout(400)
@@ -45,3 +46,26 @@ def test_second_fit_resumes_from_last_commit_and_matches_uninterrupted(clean_run
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in got), f"rank {rank} differs"
     assert os.path.isdir(os.path.join(store, "resumed", "checkpoints"))
+
+
+@pytest.mark.timeout(300)
+def test_a_save_before_the_first_step_changes_nothing_and_restores_exactly(
+        clean_run, token_data_dir, tmp_path):
+    """`report(step=0, checkpoint=...)` before the optimizer ever stepped. Listing a stateless
+    AdamW's state makes torch create it (a step count of 1): kept, every later step's bias
+    correction was one step ahead. Only step 0 is committed (~0.1 s after it, long before the
+    exception at step 8, 2.4 s of steps later), so the restart restores it: the run must end
+    bit-equal to the run without that save and without the fault."""
+    plan = FaultPlan.explicit([Fault(step=8, rank=1, kind="exception")])
+    resilience = rr.ResilienceConfig.default(
+        fault_plan=plan, step_timeout_s=3.0, first_step_timeout_s=60.0,
+        checkpoint=CheckpointConfig(interval_steps=100, local_interval_steps=0))
+    result = workload.fit(token_data_dir, str(tmp_path), "initial", max_steps=12,
+                          resilience=resilience, save_initial=True, sleep_s=0.3)
+    assert result.ok, result.error
+    assert result.checkpoint["latest_committed_step"] == 0
+    assert [v["resumed_from"] for v in result.return_values] == [0, 0]
+    clean = clean_run(2, 12)
+    for rank in range(2):
+        workload.assert_bit_equal(result.return_values[rank]["state"],
+                                  clean.return_values[rank]["state"])

@@ -44,6 +44,9 @@ def train_loop(cfg: dict) -> dict:
     if loaded is not None:
         start = loaded.step
         torch.set_rng_state(loaded.extra["rng"])
+    elif cfg.get("save_initial"):  # the initial state, before the optimizer's first step
+        rr.report({}, step=0, checkpoint=rr.CheckpointState(model, optimizer, extra={
+            "data_step": 0, "rng": torch.get_rng_state()}))
     for step in range(start + 1, cfg["max_steps"] + 1):
         inputs, targets = data.batch(step - 1, ctx.world_rank, ctx.world_size, batch_size)
         if seq_len:

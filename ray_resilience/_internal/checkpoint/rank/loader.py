@@ -30,6 +30,7 @@ from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, 
 from ray_resilience._internal.checkpoint.rank.snapshot import (
     MODEL_KEY,
     OPTIMIZER_KEY,
+    UNSTEPPED_KEY,
     StagingBuffers,
     capture,
     state_dict_of,
@@ -91,7 +92,7 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
             break
         state, loaded, error = _try_local(target, common, own)
         if agreement.all_true(loaded is not None):
-            _apply(target.model, target.optimizer, state)
+            loaded = _applied(target, state, loaded)
             target.local.keep_only(*common)
             loaded = dataclasses.replace(loaded, fallbacks=tuple(failures))
             logger.info("rank %d: resumed from step %d (local tier)", target.rank, loaded.step)
@@ -106,7 +107,7 @@ def load_newest(target: LoadTarget, agreement: Agreement) -> LoadedCheckpoint | 
         if agreement.all_true(loaded is not None):
             if target.local is not None:  # a new timeline starts: no old file may mix in
                 target.local.keep_only(None, None)
-            _apply(target.model, target.optimizer, state)
+            loaded = _applied(target, state, loaded)
             loaded = dataclasses.replace(loaded, fallbacks=tuple(failures))
             logger.info("rank %d: resumed from checkpoint step %d (%s tier)", target.rank,
                         loaded.step, loaded.tier)
@@ -313,6 +314,17 @@ def _dcp_load(state: dict, reader: Any) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+
+
+def _applied(target: LoadTarget, state: dict, loaded: LoadedCheckpoint) -> LoadedCheckpoint:
+    """Sets the loaded `state` into the model and optimizer; `loaded` without internal keys."""
+    _apply(target.model, target.optimizer, state)
+    if UNSTEPPED_KEY not in loaded.extra:
+        return loaded
+    if target.optimizer is not None:  # saved before its first step: stateless again
+        target.optimizer.state.clear()
+    extra = {k: v for k, v in loaded.extra.items() if k != UNSTEPPED_KEY}
+    return dataclasses.replace(loaded, extra=extra)
 
 
 def _apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict) -> None:

@@ -21,6 +21,7 @@ from ray_resilience._internal.checkpoint.rank.loader import LoadTarget, load_new
 from ray_resilience._internal.checkpoint.rank.local.schedule import LocalSchedule
 from ray_resilience._internal.checkpoint.rank.local.tier import LocalSnapshots, layout_digest
 from ray_resilience._internal.checkpoint.rank.slots import LocalWrite, RankSaveStats, SlotState
+from ray_resilience._internal.checkpoint.rank.snapshot import UNSTEPPED_KEY
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
 from ray_resilience._internal.checkpoint.rank.writer_link import WriterLink
 from ray_resilience._internal.checkpoint.shm import MAPS
@@ -118,7 +119,11 @@ class RankCheckpointer:
                 None, why="in_flight_policy='block' waits for the previous save")
         self._stats.phase("wait", start)
         captured = time.perf_counter()
+        unstepped = optimizer is not None and not optimizer.state
         source = self._cache.source(model, optimizer, self._copies_later(optimizer))
+        if unstepped and optimizer.state:  # listing it created state: see UNSTEPPED_KEY
+            optimizer.state.clear()
+            extra_state = snapshot_extra({**(extra or {}), UNSTEPPED_KEY: True})
         self._stats.phase("capture", captured)
         target = self._local_target(step, source) if local else None
         copied = time.perf_counter()

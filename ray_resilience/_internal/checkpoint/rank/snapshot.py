@@ -29,6 +29,11 @@ from ray_resilience._internal.checkpoint.wire import (
 from ray_resilience.checkpoint.errors import CheckpointStateError
 
 MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
+UNSTEPPED_KEY = "ray_resilience.unstepped_optimizer"
+"""In a snapshot's extra state: its optimizer had no state yet (saved before its first step).
+Listing a stateless optimizer's state makes torch create it (one step with zero gradients and
+lr 0: AdamW gets zero moments and a step count of 1). The save empties it again, so training
+goes on as without the save, and a load of that snapshot empties it too."""
 
 
 def state_dict_of(model: torch.nn.Module,
