@@ -4,6 +4,8 @@ last committed checkpoint and ends bit-equal to an uninterrupted run."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -53,15 +55,29 @@ def test_a_save_before_the_first_step_changes_nothing_and_restores_exactly(
         clean_run, token_data_dir, tmp_path):
     """`report(step=0, checkpoint=...)` before the optimizer ever stepped. Listing a stateless
     AdamW's state makes torch create it (a step count of 1): kept, every later step's bias
-    correction was one step ahead. Only step 0 is committed (~0.1 s after it, long before the
-    exception at step 8, 2.4 s of steps later), so the restart restores it: the run must end
-    bit-equal to the run without that save and without the fault."""
+    correction was one step ahead. Only step 0 is committed (the ranks wait at step 4 until it
+    is on storage), so the exception at step 8 restores it: the run must end bit-equal to the
+    run without that save and without the fault."""
+    store, go = str(tmp_path / "runs"), str(tmp_path / "go")
+    storage = CheckpointStorage.for_run(store, "initial")
     plan = FaultPlan.explicit([Fault(step=8, rank=1, kind="exception")])
     resilience = rr.ResilienceConfig.default(
-        fault_plan=plan, step_timeout_s=3.0, first_step_timeout_s=60.0,
+        fault_plan=plan, step_timeout_s=120.0, first_step_timeout_s=120.0,
         checkpoint=CheckpointConfig(interval_steps=100, local_interval_steps=0))
-    result = workload.fit(token_data_dir, str(tmp_path), "initial", max_steps=12,
-                          resilience=resilience, save_initial=True, sleep_s=0.3)
+    box: dict = {}
+    run = threading.Thread(target=lambda: box.update(result=workload.fit(
+        token_data_dir, store, "initial", max_steps=12, resilience=resilience,
+        save_initial=True, hold_at_step=4, hold_file=go)))
+    run.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (os.path.isdir(storage.root) and committed_steps(storage)):
+            assert time.monotonic() < deadline, "step 0 was never committed"
+            time.sleep(0.1)
+    finally:
+        open(go, "w").close()
+        run.join(timeout=200)
+    result = box["result"]
     assert result.ok, result.error
     assert result.checkpoint["latest_committed_step"] == 0
     assert [v["resumed_from"] for v in result.return_values] == [0, 0]
