@@ -322,7 +322,7 @@ def _applied(target: LoadTarget, state: dict, loaded: LoadedCheckpoint) -> Loade
     if UNSTEPPED_KEY not in loaded.extra:
         return loaded
     if target.optimizer is not None:  # saved before its first step: stateless again
-        target.optimizer.state.clear()
+        _forget_state(target.optimizer)
     extra = {k: v for k, v in loaded.extra.items() if k != UNSTEPPED_KEY}
     return dataclasses.replace(loaded, extra=extra)
 
