@@ -325,6 +325,26 @@ def test_damaged_newest_step_falls_back_naming_the_file(ray_session, tmp_path, d
         service.shutdown()
 
 
+def test_a_writer_imports_dcp_only_once_told_to(ray_session, tmp_path):
+    """Importing torch costs a writer ~2 CPU-seconds, which would slow the ranks' own start-up:
+    a new writer defers it until `warm` (the supervisor calls it after the first step)."""
+    service = start_service(str(tmp_path), 1, interval_steps=1)
+    try:
+        writer = service.rank_spec(0).writer
+        time.sleep(1.0)  # the writer is up; nothing started its import
+        assert ray.get(writer.ping.remote(), timeout=60)["dcp_import"] == "deferred"
+        service.warm()
+        deadline = time.monotonic() + 60
+        while ray.get(writer.ping.remote(), timeout=60)["dcp_import"] != "done":
+            assert time.monotonic() < deadline, "the writer never finished importing DCP"
+            time.sleep(0.1)
+        stats = service.stats()["writers"]
+        assert [w["dcp_import"] for w in stats] == ["done"]
+        assert stats[0]["dcp_import_started_at"] is not None
+    finally:
+        service.shutdown()
+
+
 def test_retention_keeps_num_to_keep_committed_steps(ray_session, tmp_path):
     service, ranks = start_with(lambda: start_service(
         str(tmp_path), 2, interval_steps=1, num_to_keep=2, in_flight_policy="block"))

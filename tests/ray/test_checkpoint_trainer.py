@@ -16,6 +16,7 @@ from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience.checkpoint import CheckpointConfig
 from ray_resilience.testing import Fault, FaultPlan
 from tests.support import workload
+from tests.support.procfs import descendants_named
 
 pytestmark = pytest.mark.timeout(400)
 INTERVAL = 3
@@ -48,6 +49,48 @@ def test_second_fit_resumes_from_last_commit_and_matches_uninterrupted(clean_run
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in got), f"rank {rank} differs"
     assert os.path.isdir(os.path.join(store, "resumed", "checkpoints"))
+
+
+def _writer_has_torch() -> bool:
+    """Whether a checkpoint writer of this session's Ray has torch's library mapped (imported)."""
+    for pid in descendants_named("ray::CheckpointWriter"):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8") as f:
+                if "libtorch" in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_writers_import_dcp_only_after_the_first_step(ray_session, token_data_dir, tmp_path):
+    """The writers' import of torch's DCP (~2 CPU-seconds) would slow the ranks' start-up on a
+    small node: the supervisor starts it once the first step is done, though no save came yet
+    (the ranks wait at step 4 until the writer has torch; no save comes in this run)."""
+    go = str(tmp_path / "go")
+    resilience = rr.ResilienceConfig.disabled(checkpoint=CheckpointConfig(interval_steps=100))
+    box: dict = {}
+    run = threading.Thread(target=lambda: box.update(result=workload.fit(
+        token_data_dir, str(tmp_path), "warm", max_steps=6, resilience=resilience,
+        hold_at_step=4, hold_file=go)))
+    run.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not _writer_has_torch():
+            assert time.monotonic() < deadline, "the writer never imported torch"
+            time.sleep(0.2)
+    finally:
+        open(go, "w").close()
+        run.join(timeout=200)
+    result = box["result"]
+    assert result.ok, result.error
+    assert result.checkpoint["latest_committed_step"] is None
+    loaded = max(p["t_end"] for p in result.phases
+                 if p["phase"] == "checkpoint_load" and p["attempt"] == 0)
+    (writer,) = result.checkpoint["stats"]["writers"]
+    assert writer["dcp_import"] in ("importing", "done"), writer
+    assert writer["dcp_import_started_at"] > loaded, (loaded, writer)
 
 
 @pytest.mark.timeout(300)

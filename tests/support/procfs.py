@@ -32,3 +32,30 @@ def _stat_field(pid: int, field: int) -> dict[int, int]:
             continue  # the thread ended meanwhile
         found[int(tid)] = int(fields[field - 3])  # fields[0] is field 3, the state
     return found
+
+
+def descendants_named(marker: str, root: int | None = None) -> list[int]:
+    """Pids of the processes under `root` (default: this one; a local Ray started by this
+    process runs under it) whose command line contains `marker` (e.g. "ray::CheckpointWriter")."""
+    parent: dict[int, int] = {}
+    cmdline: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+    top = os.getpid() if root is None else root
+
+    def under(pid: int) -> bool:
+        while pid > 1:
+            if pid == top:
+                return True
+            pid = parent.get(pid, 0)
+        return False
+
+    return [pid for pid, cmd in cmdline.items() if marker in cmd and pid != top and under(pid)]

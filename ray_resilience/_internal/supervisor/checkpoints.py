@@ -61,6 +61,8 @@ class RunCheckpoints:
         self._cursor, self._incarnation = 0, None
         self._pending: tuple[Any, float] | None = None
         """The open long poll: its reference and when it was sent."""
+        self._warmed = False
+        """Whether the writers were told to import DCP (`warm`)."""
 
     @property
     def enabled(self) -> bool:
@@ -104,6 +106,14 @@ class RunCheckpoints:
         """Writers for nodes the ranks moved to; dead writers are replaced."""
         if self.service is not None:
             self.service.ensure_writers(node_ids)
+            if self._warmed:
+                self.service.warm()
+
+    def warm(self) -> None:
+        """The run stepped: the writers import DCP now (once), off the ranks' start-up."""
+        if self.service is not None and not self._warmed:
+            self._warmed = True
+            self.service.warm()
 
     def poll(self, *, force: bool = False) -> CheckpointError | None:
         """Emits new commits and dropped saves; returns the error that must end the run:
@@ -185,6 +195,8 @@ class RunCheckpoints:
             if self._incarnation is not None:
                 log.warning("the commit coordinator restarted; handing it its writers back")
                 self.service.recover()
+                if self._warmed:
+                    self.service.warm()
                 info = self.service.poll(0)
             self._incarnation = info["incarnation"]
         self._overflow[info["incarnation"]] = info["dropped_total"] - info["cursor"]

@@ -309,6 +309,8 @@ class Supervisor:
         lost = self._checkpoints.poll()
         if lost is not None:  # another job took the run over: this one may not go on
             return Ended(RunState.FAILED, lost)
+        if self.record.first_step_by_attempt:  # stepped: writers may take CPU for DCP now
+            self._checkpoints.warm()
         self._upkeep()
         self._watch_preemption()
         self._flush_metrics()

@@ -122,9 +122,17 @@ class CheckpointService:
             self._coordinator.ensure_writers.remote(self._node_ids, self._slots, True),
             timeout=checkpoint_call_timeout_s())
 
+    def warm(self) -> None:
+        """Has every writer start importing DCP (the first write needs it; the run calls this
+        after its first step so the import does not slow the ranks' start-up); returns at once.
+        A dead writer's call fails unseen: its replacement is warmed by the next call."""
+        for handle in {wid: w for w, wid in self._writers}.values():
+            handle.warm.remote()
+
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Waits until the coordinator and writers finished importing DCP (benchmarks call it so
-        start-up CPU is not counted against saves; saves made earlier are queued, not lost)."""
+        """Waits until the coordinator and writers finished importing DCP, starting it where
+        `warm` did not (benchmarks call it so start-up CPU is not counted against saves; saves
+        made earlier are queued, not lost)."""
         handles = [self._coordinator, *{wid: w for w, wid in self._writers}.values()]
         ray.get([h.ready.remote() for h in handles],
                 timeout=checkpoint_call_timeout_s() if timeout_s is None else timeout_s)

@@ -8,23 +8,52 @@ import importlib
 import logging
 import pickle
 import threading
+import time
 from typing import Any
+
+from ray_resilience._internal.priority import lower_thread
 
 logger = logging.getLogger(__name__)
 
 
 class WarmImport:
-    """Imports `modules` on a daemon thread from construction; `loads` waits for it."""
+    """Imports `modules` on a daemon thread once `start` is called (or the first `wait` or
+    `loads` needs them), at CPU priority `priority` (`priority.lower_thread`'s names; "inherit"
+    keeps the starting thread's). Deferred because importing torch costs ~2 CPU-seconds, which
+    on a small node is taken from the ranks' own start-up (their imports, first step) when it
+    runs beside it: the supervisor starts it after the run's first step."""
 
-    def __init__(self, *modules: str) -> None:
+    def __init__(self, *modules: str, priority: str = "inherit") -> None:
         self._done = threading.Event()
         self._modules = modules
-        thread = threading.Thread(target=self._run, name="rr-warm-import", daemon=True)
-        thread.start()
-        self.thread_id: int | None = thread.native_id
+        self._priority = priority
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.thread_id: int | None = None
+        self.started_at: float | None = None
+        """Wall time `start` ran (None: not yet)."""
+
+    def start(self) -> None:
+        """Starts the import; later calls do nothing."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self.started_at = time.time()
+            self._thread = threading.Thread(target=self._run, name="rr-warm-import", daemon=True)
+            self._thread.start()
+            self.thread_id = self._thread.native_id
+
+    @property
+    def state(self) -> str:
+        """"deferred" (not started), "importing" or "done"."""
+        if self._done.is_set():
+            return "done"
+        return "deferred" if self._thread is None else "importing"
 
     def _run(self) -> None:
         try:
+            if self._priority != "inherit":
+                lower_thread(self._priority)
             for name in self._modules:
                 importlib.import_module(name)
         except Exception:
@@ -33,11 +62,12 @@ class WarmImport:
             self._done.set()
 
     def wait(self) -> None:
+        self.start()
         self._done.wait()
 
     def loads(self, data: bytes) -> Any:
         """Unpickles a message from this service's own ranks or writers, after the import."""
-        self._done.wait()
+        self.wait()
         return pickle.loads(data)
 
 

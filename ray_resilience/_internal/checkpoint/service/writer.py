@@ -102,24 +102,31 @@ class CheckpointWriter:
         self._last_error: str | None = None
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
-        # With no periodic saves (local tier only) nothing may ever arrive: no import up front.
+        # DCP is imported once `warm` is called (after the run's first step: not beside the
+        # ranks' own start-up) or the first message needs it, at the writer threads' priority.
+        # With no periodic saves (local tier only) nothing may ever arrive: nothing to import.
         self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io",
-                                 "ray_resilience._internal.checkpoint.format.dcp_metadata")
+                                 "ray_resilience._internal.checkpoint.format.dcp_metadata",
+                                 priority=config.writer_priority_now)
                       if config.interval_steps else WarmImport())
-        # Writer threads at the configured priority; the one-time import keeps the ranks'.
-        self.priority = lower_process(config.writer_priority_now, keep=(self._warm.thread_id,))
+        self.priority = lower_process(config.writer_priority_now)
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(), "priority": self.priority,
-                "node_id": self._node_id}
+                "node_id": self._node_id, "dcp_import": self._warm.state}
 
     def remove_local_root(self) -> None:
         """The run ended: removes the local-tier snapshots of this node's ranks."""
         if self._local is not None:
             self._local.remove()
 
+    def warm(self) -> bool:
+        """Starts the background import of DCP (the first write needs it); returns at once."""
+        self._warm.start()
+        return True
+
     def ready(self) -> bool:
-        """Returns once the background import of DCP is done (the first write needs it)."""
+        """Returns once the background import of DCP is done (starting it if need be)."""
         self._warm.wait()
         return True
 
@@ -442,6 +449,7 @@ class CheckpointWriter:
                 "memory_tier_steps": {r: e.step for r, e in self._memory.items()},
                 "replica_steps": {r: e.step for r, e in self._replicas.items()},
                 "in_flight": sorted([list(k) for k in self._shards]),
+                "dcp_import": self._warm.state, "dcp_import_started_at": self._warm.started_at,
             }
 
 
