@@ -249,3 +249,29 @@ def test_the_overhead_section_judges_the_paired_mean_step_against_each_budget() 
     assert "| 3.5% | 0.4% | – | – | 7 |" in ours and "| 1500 MB |" in ours
     assert "2000 MB" not in ours
     assert "| 200mb | ray::RankActor | 2 | 200.0 ms | 90.0% | 2000 MB |" in text
+
+
+def test_check_also_fails_when_docs_scale_md_is_stale(tmp_path, monkeypatch) -> None:
+    """scale.md derives from the committed tiny recovery results too: `render.py --check` with
+    the default results checks it, so a rerun that forgot it fails before CI does."""
+    from controlplane import scale  # noqa: PLC0415 - imports the library (ray)
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(scale, "main", lambda argv: calls.append(argv) or 1)
+    assert render.main(["--check"]) == 1
+    assert calls == [["--check"]]
+    monkeypatch.setattr(scale, "main", lambda argv: calls.append(argv) or 0)
+    assert render.main(["--check"]) == 0
+
+
+def test_the_recovery_before_after_summary_reads_the_committed_check() -> None:
+    import recovery_ab  # noqa: PLC0415 - a script beside render.py
+
+    folder = os.path.join(RESULTS, "recovery-checks", "writer-import-deferred")
+    found = {key: recovery_ab.summary(runs)
+             for key, runs in recovery_ab.runs_by_label(folder, "ours").items()}
+    assert sorted(found) == [("200mb", "after"), ("200mb", "before"), ("tiny", "after"),
+                             ("tiny", "before")]
+    assert [found[("tiny", label)]["runs"] for label in ("before", "after")] == [6, 6]
+    assert all(s["bit_equal"] for s in found.values())
+    assert all(s["startup_s"] + s["after_startup_s"] > 0 for s in found.values())
