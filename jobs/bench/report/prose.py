@@ -67,17 +67,30 @@ def breakdown(doc: dict[str, Any], scenario: str, mech: str) -> dict[str, float]
     return parts | {"wall": wall}
 
 
+UNRELIABLE_OTHER = 0.05
+"""An "other" below minus this share of the wall marks the row's split as unreliable."""
+
+
 def time_breakdown(doc: dict[str, Any], scenario: str) -> str:
-    rows = []
+    rows, unreliable = [], []
     for mech in ordered(doc["mechanisms"]):
         parts = breakdown(doc, scenario, mech)
         if parts is not None:
             rows.append([mech, *(sec(parts[p]) for p in PARTS), sec(parts["wall"])])
+            if parts["other"] < -UNRELIABLE_OTHER * parts["wall"]:
+                unreliable.append(mech)
     if not rows:
         return ""
-    return ("Where the time goes (medians; steady steps = steps x the mechanism's own fault-free "
+    text = ("Where the time goes (medians; steady steps = steps x the mechanism's own fault-free "
             "step; other = checkpoint saves, slower steps after a restart, shutdown):\n\n"
             + table(["mechanism", *PARTS, "wall"], rows))
+    if unreliable:
+        refs = doc.get("ref_reps", 1)
+        text += (f"\n\nNot to be trusted for {', '.join(unreliable)}: \"other\" is below "
+                 f"-{UNRELIABLE_OTHER:.0%} of the wall, so the mechanism's own fault-free step "
+                 f"(from {refs} fault-free reference run{'s' if refs != 1 else ''}) was slower "
+                 "than its steps in these runs; the columns beside it are then misallocated.")
+    return text
 
 
 def _peers(doc: dict[str, Any], scenario: str) -> dict[str, dict[str, Any]]:
