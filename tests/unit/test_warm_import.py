@@ -1,5 +1,5 @@
 """The checkpoint writers' deferred import of DCP (`WarmImport`): nothing is imported until the
-run asks for it or a message needs it, and the import runs at the priority it is given."""
+run asks for it or a message needs it, and the import runs on the thread made with it."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def probe_module(tmp_path, monkeypatch):
-    """A module that records, when imported, the nice value of the thread importing it."""
+    """A module that records, when imported, which thread imports it."""
     name = f"rr_warm_probe_{os.getpid()}_{threading.get_ident()}"
     (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
         import os, threading
-        NICE = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        TID = threading.get_native_id()
         THREAD = threading.current_thread().name
 
         class Box:
@@ -55,12 +55,15 @@ def test_a_message_that_needs_the_import_starts_it_and_waits(probe_module):
     assert warm.state == "done"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
-def test_the_import_runs_at_the_priority_it_is_given(probe_module):
-    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    if base > 8:
-        pytest.skip(f"this process already runs at nice {base}")
-    warm = WarmImport(probe_module, priority="low")
+def test_the_import_runs_on_the_thread_created_with_it(probe_module):
+    """A writer lowers every thread but this one (`thread_id`, known before `start`): the import
+    must run there, at the ranks' priority, whoever calls `start`."""
+    warm = WarmImport(probe_module)
+    known = warm.thread_id
+    assert known is not None
+    starter = threading.Thread(target=warm.start)
+    starter.start()
+    starter.join()
     warm.wait()
-    assert sys.modules[probe_module].NICE == 19
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # caller untouched
+    imported_on = sys.modules[probe_module].TID
+    assert imported_on == known

@@ -11,49 +11,46 @@ import threading
 import time
 from typing import Any
 
-from ray_resilience._internal.priority import lower_thread
-
 logger = logging.getLogger(__name__)
 
 
 class WarmImport:
     """Imports `modules` on a daemon thread once `start` is called (or the first `wait` or
-    `loads` needs them), at CPU priority `priority` (`priority.lower_thread`'s names; "inherit"
-    keeps the starting thread's). Deferred because importing torch costs ~2 CPU-seconds, which
-    on a small node is taken from the ranks' own start-up (their imports, first step) when it
-    runs beside it: the supervisor starts it after the run's first step."""
+    `loads` needs them). Deferred because importing torch costs ~2 CPU-seconds, which on a
+    small node is taken from the ranks' own start-up (their imports, first step) when it runs
+    beside it: the supervisor starts it after the run's first step. The thread exists from
+    construction (`thread_id`), so a writer that lowers its other threads can leave this one at
+    the ranks' priority: a writer replacing one lost with a node imports at once, and the run
+    has no durable commit until it has."""
 
-    def __init__(self, *modules: str, priority: str = "inherit") -> None:
+    def __init__(self, *modules: str) -> None:
         self._done = threading.Event()
+        self._go = threading.Event()
         self._modules = modules
-        self._priority = priority
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self.thread_id: int | None = None
         self.started_at: float | None = None
         """Wall time `start` ran (None: not yet)."""
+        thread = threading.Thread(target=self._run, name="rr-warm-import", daemon=True)
+        thread.start()
+        self.thread_id: int | None = thread.native_id
 
     def start(self) -> None:
         """Starts the import; later calls do nothing."""
         with self._lock:
-            if self._thread is not None:
-                return
-            self.started_at = time.time()
-            self._thread = threading.Thread(target=self._run, name="rr-warm-import", daemon=True)
-            self._thread.start()
-            self.thread_id = self._thread.native_id
+            if self.started_at is None:
+                self.started_at = time.time()
+                self._go.set()
 
     @property
     def state(self) -> str:
         """"deferred" (not started), "importing" or "done"."""
         if self._done.is_set():
             return "done"
-        return "deferred" if self._thread is None else "importing"
+        return "importing" if self._go.is_set() else "deferred"
 
     def _run(self) -> None:
+        self._go.wait()
         try:
-            if self._priority != "inherit":
-                lower_thread(self._priority)
             for name in self._modules:
                 importlib.import_module(name)
         except Exception:

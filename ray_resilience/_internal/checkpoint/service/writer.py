@@ -103,13 +103,13 @@ class CheckpointWriter:
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
         # DCP is imported once `warm` is called (after the run's first step: not beside the
-        # ranks' own start-up) or the first message needs it, at the writer threads' priority.
+        # ranks' own start-up) or the first message needs it, at the ranks' priority (its thread
+        # is kept out of the lowering below): no commit is made before it is done.
         # With no periodic saves (local tier only) nothing may ever arrive: nothing to import.
         self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io",
-                                 "ray_resilience._internal.checkpoint.format.dcp_metadata",
-                                 priority=config.writer_priority_now)
+                                 "ray_resilience._internal.checkpoint.format.dcp_metadata")
                       if config.interval_steps else WarmImport())
-        self.priority = lower_process(config.writer_priority_now)
+        self.priority = lower_process(config.writer_priority_now, keep=(self._warm.thread_id,))
 
     def ping(self) -> dict[str, Any]:
         return {"writer_id": self.writer_id, "pid": os.getpid(), "priority": self.priority,
