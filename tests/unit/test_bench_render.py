@@ -264,10 +264,11 @@ def test_check_also_fails_when_docs_scale_md_is_stale(tmp_path, monkeypatch) -> 
     assert render.main(["--check"]) == 0
 
 
-def test_the_recovery_before_after_summary_reads_the_committed_check() -> None:
+@pytest.mark.parametrize("check", ["writer-import-deferred", "writer-import-at-rank-priority"])
+def test_the_recovery_before_after_summary_reads_the_committed_check(check: str) -> None:
     import recovery_ab  # noqa: PLC0415 - a script beside render.py
 
-    folder = os.path.join(RESULTS, "recovery-checks", "writer-import-deferred")
+    folder = os.path.join(RESULTS, "recovery-checks", check)
     found = {key: recovery_ab.summary(runs)
              for key, runs in recovery_ab.runs_by_label(folder, "ours").items()}
     assert sorted(found) == [("200mb", "after"), ("200mb", "before"), ("tiny", "after"),
