@@ -22,7 +22,7 @@ from ray_resilience._internal.checkpoint.format.dcp_metadata import (
 )
 from ray_resilience._internal.checkpoint.format.extra_codec import decode_extra, encode_extra
 from ray_resilience._internal.checkpoint.format.readers import SafeLoadPlanner, StorageShardReader
-from ray_resilience._internal.checkpoint.format.shard_io import read_verified
+from ray_resilience._internal.checkpoint.format.shard_io import item_checksums, read_verified
 from ray_resilience._internal.checkpoint.format.storage import CheckpointStorage
 from ray_resilience._internal.checkpoint.rank.snapshot import state_dict_of
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
@@ -235,6 +235,46 @@ def test_a_load_needing_part_of_a_file_reads_and_checks_only_those_bytes(storage
         dcp.load({"model": state_dict_of(fresh_model, None)["model"]},
                  storage_reader=StorageShardReader(storage, manifest), planner=SafeLoadPlanner(),
                  no_dist=True)
+
+
+@pytest.mark.parametrize("name", ["crc32c", "crc32"])
+def test_joined_checksums_equal_one_pass_over_both_pieces(name):
+    rng = np.random.default_rng(7)
+    for first_length, second_length in [(0, 0), (0, 9), (9, 0), (1, 1), (300, 4097),
+                                        (5, 2**20 + 3), (2**21, 17)]:
+        first = rng.integers(0, 256, first_length, dtype=np.uint8).tobytes()
+        second = rng.integers(0, 256, second_length, dtype=np.uint8).tobytes()
+        joined = checksum.combine(name, checksum.checksum(name, first),
+                                  checksum.checksum(name, second), second_length)
+        assert joined == checksum.checksum(name, first + second), (first_length, second_length)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "buffered"])
+def test_files_with_multi_megabyte_tensors_check_out_whole_and_item_by_item(storage, direct,
+                                                                           monkeypatch):
+    """Writes of 1 MiB and more are read once for the file's and the item's checksum and the
+    results joined: both must equal a plain pass over the bytes on storage."""
+    joins = []
+    real_combine = checksum.combine
+    monkeypatch.setattr(checksum, "combine",
+                        lambda *args: joins.append(args[3]) or real_combine(*args))
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 1024)).sum().backward()
+    optimizer.step()
+    step_dir = write_single_rank(storage, model, optimizer, 10, {"k": 1}, direct=direct)
+    assert joins and min(joins) >= 2**20  # the large tensors took the one-pass path
+    manifest = read_manifest(storage, step_dir)
+    for name, digest in manifest.files.items():
+        read_verified(storage, step_dir.name, name, digest)  # raises on any mismatch
+    data = storage.read_bytes(f"{step_dir.name}/{layout.data_file_name(0)}")
+    table = item_checksums(storage.read_bytes(f"{step_dir.name}/{layout.items_file_name(0)}"),
+                           where="items")
+    assert max(length for length, _, _ in table.values()) >= 4 * 2**20
+    assert sum(length for length, _, _ in table.values()) == len(data)
+    for offset, (length, name, value) in table.items():
+        assert checksum.checksum(name, data[offset:offset + length]) == value, offset
 
 
 # --- metadata safety --------------------------------------------------------------------------
