@@ -74,10 +74,15 @@ def test_a_save_dropped_after_report_is_listed_and_warned_about(clean_run, token
     workload.assert_bit_equal(result.return_values[0]["state"], clean.return_values[0]["state"])
     assert result.checkpoint["latest_committed_step"] == 10
     dropped = result.checkpoint["dropped"]
-    assert sorted((d["step"], d["rank"], d["kind"]) for d in dropped) \
-        == [(12, 0, "torn"), (12, 1, "torn")], dropped
-    assert all("changed while" in d["reason"] for d in dropped)
-    assert result.checkpoint["dropped_total"] == 2
+    torn = [d for d in dropped if d["kind"] == "torn"]
+    assert sorted((d["step"], d["rank"]) for d in torn) == [(12, 0), (12, 1)], dropped
+    assert all("changed while" in d["reason"] for d in torn)
+    # A busy machine may also coalesce an early save into the next one (the writers import DCP
+    # only after the first step, so the first save can still be in flight): listed as such.
+    others = [d for d in dropped if d["kind"] != "torn"]
+    assert all(d["kind"] == "coalesced" and d["step"] < 10 and "replaced by the save of step"
+               in d["reason"] for d in others), dropped
+    assert result.checkpoint["dropped_total"] == len(dropped)
     # The rank actors' snapshots went to their writers through shared memory, adopted there.
     writers = result.checkpoint["stats"]["writers"]
     assert sum(w["adopted"] for w in writers) >= 2, writers
