@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -51,16 +52,40 @@ def test_second_fit_resumes_from_last_commit_and_matches_uninterrupted(clean_run
     assert os.path.isdir(os.path.join(store, "resumed", "checkpoints"))
 
 
-def _writer_has_torch() -> bool:
-    """Whether a checkpoint writer of this session's Ray has torch's library mapped (imported)."""
-    for pid in descendants_named("ray::CheckpointWriter"):
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8") as f:
-                if "libtorch" in f.read():
-                    return True
-        except OSError:
-            pass
-    return False
+def _has_torch(pid: int) -> bool:
+    """Whether process `pid` has torch's library mapped (imported)."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False  # gone meanwhile
+
+
+def _a_new_writer_has_torch() -> Callable[[], bool]:
+    """Whether a checkpoint writer of this session's Ray has imported torch since this was
+    called. A process that had torch before does not count: a writer of an earlier test still
+    exiting, or a pooled Ray worker that imported it for another task and now hosts the writer."""
+    before = {pid for pid in descendants_named("") if _has_torch(pid)}
+    return lambda: any(pid not in before and _has_torch(pid)
+                       for pid in descendants_named("ray::CheckpointWriter"))
+
+
+def _fit_held_at_step_4(until: Callable[[], bool], never: str, go: str, **fit_args) -> rr.Result:
+    """`workload.fit(**fit_args)` with its ranks held at step 4 until `until()` holds (at most
+    120 s, else the test fails with `never`), then let go by creating the file `go`."""
+    box: dict = {}
+    run = threading.Thread(target=lambda: box.update(result=workload.fit(
+        hold_at_step=4, hold_file=go, **fit_args)))
+    run.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not until():
+            assert time.monotonic() < deadline, never
+            time.sleep(0.1)
+    finally:
+        open(go, "w").close()
+        run.join(timeout=200)
+    return box["result"]
 
 
 @pytest.mark.timeout(300)
@@ -70,20 +95,9 @@ def test_writers_import_dcp_only_after_the_first_step(ray_session, token_data_di
     (the ranks wait at step 4 until the writer has torch; no save comes in this run)."""
     go = str(tmp_path / "go")
     resilience = rr.ResilienceConfig.disabled(checkpoint=CheckpointConfig(interval_steps=100))
-    box: dict = {}
-    run = threading.Thread(target=lambda: box.update(result=workload.fit(
-        token_data_dir, str(tmp_path), "warm", max_steps=6, resilience=resilience,
-        hold_at_step=4, hold_file=go)))
-    run.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not _writer_has_torch():
-            assert time.monotonic() < deadline, "the writer never imported torch"
-            time.sleep(0.2)
-    finally:
-        open(go, "w").close()
-        run.join(timeout=200)
-    result = box["result"]
+    result = _fit_held_at_step_4(_a_new_writer_has_torch(), "the writer never imported torch", go,
+                                 data_dir=token_data_dir, storage=str(tmp_path), name="warm",
+                                 max_steps=6, resilience=resilience)
     assert result.ok, result.error
     assert result.checkpoint["latest_committed_step"] is None
     loaded = max(p["t_end"] for p in result.phases
@@ -107,20 +121,10 @@ def test_a_save_before_the_first_step_changes_nothing_and_restores_exactly(
     resilience = rr.ResilienceConfig.default(
         fault_plan=plan, step_timeout_s=120.0, first_step_timeout_s=120.0,
         checkpoint=CheckpointConfig(interval_steps=100, local_interval_steps=0))
-    box: dict = {}
-    run = threading.Thread(target=lambda: box.update(result=workload.fit(
-        token_data_dir, store, "initial", max_steps=12, resilience=resilience,
-        save_initial=True, hold_at_step=4, hold_file=go)))
-    run.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not (os.path.isdir(storage.root) and committed_steps(storage)):
-            assert time.monotonic() < deadline, "step 0 was never committed"
-            time.sleep(0.1)
-    finally:
-        open(go, "w").close()
-        run.join(timeout=200)
-    result = box["result"]
+    result = _fit_held_at_step_4(
+        lambda: os.path.isdir(storage.root) and bool(committed_steps(storage)),
+        "step 0 was never committed", go, data_dir=token_data_dir, storage=store,
+        name="initial", max_steps=12, resilience=resilience, save_initial=True)
     assert result.ok, result.error
     assert result.checkpoint["latest_committed_step"] == 0
     assert [v["resumed_from"] for v in result.return_values] == [0, 0]
