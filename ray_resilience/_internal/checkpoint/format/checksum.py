@@ -51,9 +51,10 @@ def _multiply(a: int, b: int, polynomial: int) -> int:
     return product
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)
 def _x_to_the_2_to_the(k: int, polynomial: int) -> int:
-    """x^(2^k) modulo the polynomial (cached: every shift by n bytes takes ~log2(n) of them)."""
+    """x^(2^k) modulo the polynomial (cached: every shift by n bytes takes ~log2(n) of them;
+    k stays below 64 for any length, so both polynomials' powers fit)."""
     if k == 0:
         return _X0 >> 1
     half = _x_to_the_2_to_the(k - 1, polynomial)

@@ -126,14 +126,18 @@ class CheckpointService:
         """Has every writer start importing DCP (the first write needs it; the run calls this
         after its first step so the import does not slow the ranks' start-up); returns at once.
         A dead writer's call fails unseen: its replacement is warmed by the next call."""
-        for handle in {wid: w for w, wid in self._writers}.values():
+        for handle in self._writer_handles():
             handle.warm.remote()
+
+    def _writer_handles(self) -> list[Any]:
+        """One handle per writer (ranks sharing a writer list it once each)."""
+        return list({wid: w for w, wid in self._writers}.values())
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Waits until the coordinator and writers finished importing DCP, starting it where
         `warm` did not (benchmarks call it so start-up CPU is not counted against saves; saves
         made earlier are queued, not lost)."""
-        handles = [self._coordinator, *{wid: w for w, wid in self._writers}.values()]
+        handles = [self._coordinator, *self._writer_handles()]
         ray.get([h.ready.remote() for h in handles],
                 timeout=checkpoint_call_timeout_s() if timeout_s is None else timeout_s)
 
