@@ -32,6 +32,9 @@ class AttemptSpec:
     rendezvous_timeout_s: float
     """How long the attempt's rendezvous (every rank joining the new store) may take."""
     progress_interval_s: float
+    busy_cap_s: float | None = None
+    """How long the rank's training thread, busy at one Python stack, counts as moving
+    (`liveness.ActivityProbe`; None: no limit)."""
     checkpoint_spec: Any = None
     resume_hint: int = 0
     """The newest globally completed step when the attempt was launched (0 at the start)."""

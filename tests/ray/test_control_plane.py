@@ -88,6 +88,45 @@ def test_a_genuine_hang_in_that_loop_is_detected_within_the_step_timeout(ray_ses
     assert result.return_values == [EXPECTED_TOTAL] * 2
 
 
+def spinning_loop(cfg: dict) -> float:
+    """Steps of ~0.2 s with an all-reduce and a report each; in the first attempt every rank
+    spins at one line from step 4, as every rank's host thread does in a CUDA spin-wait at
+    `.item()` when a collective's kernel hangs (a rank blocked without CPU is found anyway)."""
+    ctx = rr.get_context()
+    total = torch.zeros(())
+    for step in range(1, cfg["steps"] + 1):
+        if step == 4 and ctx.attempt == 0:
+            never = [False]
+            while not never[0]: pass  # noqa: E701 - busy at one stack until interrupted
+        value = torch.tensor(float(step * (ctx.world_rank + 1)))
+        dist.all_reduce(value)
+        total += value
+        time.sleep(0.2)
+        rr.report({"total": total.item()}, step=step)
+    return total.item()
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_spinning_at_one_stack_is_a_hang_once_cpu_alone_outlasts_the_step_timeout(
+        ray_session, tmp_path):
+    """CPU use at an unchanged stack counts as movement for one step timeout only: the spin is
+    then silence, found as a hang and restarted in process. Counted as movement without limit
+    (before), the ranks looked alive for as long as they spun: the run never ended."""
+    steps = 8
+    result = rr.ResilientTrainer(
+        spinning_loop, train_loop_config={"steps": steps},
+        scaling_config=rr.ScalingConfig(num_workers=2),
+        run_config=rr.RunConfig(name="spin", storage_path=str(tmp_path), verbose=False),
+        resilience=rr.ResilienceConfig(in_process=rr.InProcessConfig(interrupt_timeout_s=5.0),
+                                       step_timeout_s=STEP_TIMEOUT_S),
+    ).fit()
+    assert result.ok, result.error
+    (fault,) = result.faults
+    assert fault["cause"] == "hang" and fault["ranks"] == [0, 1]
+    assert result.attempts == 2
+    assert result.return_values == [3.0 * steps * (steps + 1) / 2] * 2
+
+
 def _respawn(plan: FaultPlan | None, step_timeout_s: float = STEP_TIMEOUT_S,
              **in_job) -> rr.ResilienceConfig:
     in_job.setdefault("heartbeat_timeout_s", 5.0)

@@ -175,6 +175,32 @@ def test_the_probe_counts_cpu_work_on_one_line_as_movement():
     assert moved > first
 
 
+def test_cpu_work_at_one_stack_stops_counting_once_it_outlasts_the_cap():
+    """A thread spinning on one line (a livelock, a CUDA spin-wait on a hung kernel) counts as
+    moving for `busy_cap_s` only; then its silence runs, though it still burns CPU."""
+    stop = [False]
+
+    def spin() -> None:  # no call in the loop: every sample sees the same stack
+        while not stop[0]: pass  # noqa: E701 - one line: only CPU time can show the work
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    probe = ActivityProbe(busy_cap_s=0.2)
+    probe.watch(thread.ident)
+    first = probe.sample()
+    counts, pause = [], threading.Event()
+    for _ in range(1000):  # up to ~10 s: until 50 samples in a row saw no movement
+        pause.wait(0.01)
+        counts.append(probe.sample())
+        if len(counts) > 50 and counts[-1] == counts[-51] and counts[-1] > first:
+            break
+    still_spinning = thread.is_alive()
+    stop[0] = True
+    thread.join(10)
+    assert counts[-1] > first  # it counted while within the cap
+    assert counts[-1] == counts[-51] and still_spinning  # and not after, while still busy
+
+
 def test_rank_lists_in_messages_are_ranges_so_thousands_of_ranks_stay_one_line():
     assert format_ranks([0]) == "[0]" and format_ranks([3, 1]) == "[1, 3]"
     assert format_ranks([*range(16, 4096), 7, 5, 6, 9, 10]) == "[5-7, 9, 10, 16-4095]"

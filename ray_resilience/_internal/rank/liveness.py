@@ -6,9 +6,12 @@ alive while its training thread runs. Two cheap signals, read without instrument
 `sys._current_frames()`) and the CPU time the thread used (its POSIX thread CPU clock). A changed
 stack, or more than `MIN_CPU_S` of CPU since the previous sample, counts as movement. A thread
 blocked in one call (a hung collective, a deadlock, a sleep that never ends, a Python wait loop
-on one line) changes neither; a thread training steps changes both. (The process group's
-collective sequence number would be a third signal, but reading it blocks while a gloo
-collective is in flight.)
+on one line) changes neither; a thread training steps changes both. CPU time alone, with the
+stack unchanged, counts only for `busy_cap_s` (the step timeout in force when the attempt
+started): a thread spinning at one stack for longer (a livelock, or a CUDA spin-wait on a hung
+NCCL kernel at one `.item()`) stops counting as moving, so its silence is found at most one cap
+after its own timeout would have found it. (The process group's collective sequence number would
+be a third signal, but reading it blocks while a gloo collective is in flight.)
 """
 
 from __future__ import annotations
@@ -27,11 +30,15 @@ uses well under a millisecond per heartbeat interval; a training step uses far m
 class ActivityProbe:
     """Counts the samples in which the watched thread had moved since the previous one."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy_cap_s: float | None = None) -> None:
+        """`busy_cap_s`: how long CPU use at an unchanged stack counts as movement (None: no
+        limit)."""
         self._thread_id: int | None = None
         self._clock: int | None = None
         self._last: Any = None
+        self._last_at = 0.0
         self._cpu = 0.0
+        self._cap = busy_cap_s
         self.count = 0
 
     def watch(self, thread_id: int | None) -> None:
@@ -50,8 +57,12 @@ class ActivityProbe:
         if thread_id is None:
             return None
         stack = _stack(sys._current_frames().get(thread_id))
-        if stack != self._last or self._worked():
-            self._last = stack
+        now = time.monotonic()
+        worked = self._worked()  # read at every sample: CPU counts from the previous one
+        if stack != self._last:
+            self._last, self._last_at = stack, now
+            self.count += 1
+        elif worked and (self._cap is None or now - self._last_at < self._cap):
             self.count += 1
         return self.count
 

@@ -200,7 +200,7 @@ class Worker:
         t0 = time.time()
         session = _Session(self._context(spec), faults=self._fault_hook(spec),
                            datasets=spec.datasets)
-        probe = ActivityProbe()
+        probe = ActivityProbe(busy_cap_s=spec.busy_cap_s)
         forwarder = ProgressForwarder(spec.progress_sink or self._supervisor, session,
                                       rank=spec.rank, attempt=spec.attempt,
                                       interval_s=spec.progress_interval_s, activity=probe.sample)

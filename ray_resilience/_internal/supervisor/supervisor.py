@@ -296,6 +296,7 @@ class Supervisor:
             rendezvous_timeout_s=(cfg.in_process.barrier_timeout_s if cfg.in_process
                                   else cfg.first_step_timeout_s),
             progress_interval_s=cfg.progress_interval_s,
+            busy_cap_s=self._timeouts.limit("step"),
             checkpoint_spec=self._checkpoints.rank_spec(r),
             resume_hint=self.record.global_step or 0,
             faults=tuple(f for f in plan if f.rank == r and f.id not in fired
