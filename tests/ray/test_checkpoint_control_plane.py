@@ -160,7 +160,10 @@ def test_a_backlog_of_given_up_saves_costs_one_vote_and_every_drop_is_reported(r
         for step in range(3, 9):
             assert dropped.get((step, 0)) == dropped.get((step, 1)) == "skipped", dropped
         committed = set(stats["committed_steps"])
-        assert 1 in committed and (2 in committed) != ((2, 0) in dropped), (committed, dropped)
+        # Step 2 is committed, or given up by a rank (each decides from its own state: one may
+        # withdraw it for a newer save while the other still waits), and reported by that rank.
+        assert 1 in committed, (committed, dropped)
+        assert (2 in committed) != any(s == 2 for s, _ in dropped), (committed, dropped)
         assert not any(kind == "not_committed" for kind in dropped.values()), dropped
         on_all(ranks, "save", 9)  # the rounds after the backlog are claimed as before
         assert all(on_all(ranks, "wait_idle"))
