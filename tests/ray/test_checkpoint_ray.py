@@ -372,7 +372,8 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
     """A rank sends its save plan (every item, the planner data) to a writer once; later tickets
     carry only the plan's id. A writer that does not hold the plan (a replacement, or a new
     plan) answers NEED_PLAN and takes nothing; once it holds it, a lean ticket's shard is
-    written with every item."""
+    written with every item. Each shard is awaited before the next is sent, as a rank does (one
+    in flight per rank): a writer drops a rank's unfinished shard when a newer one arrives."""
     service = start_service(str(tmp_path), 1)
     try:
         writer = service.rank_spec(0).writer
@@ -395,9 +396,8 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
 
         assert send(1, lean=True) == NEED_PLAN
         assert ray.get(writer.stats.remote())["received"] == 0  # nothing taken
-        assert send(1, lean=False) is None
-        assert send(2, lean=True) is None  # the writer filled in the plan it holds
-        for step in (1, 2):
+        for step, lean in ((1, False), (2, True)):  # step 2: the writer fills in the plan
+            assert send(step, lean=lean) is None
             outcome = ray.get(writer.wait.remote((session, step, 0), 60.0), timeout=90)
             assert outcome is not None and outcome.ok, outcome
         assert ray.get(writer.stats.remote())["received"] == 2
