@@ -21,12 +21,15 @@ from ray_resilience._internal.checkpoint.format.extra_codec import encode_extra
 from ray_resilience._internal.checkpoint.format.local_roots import node_root
 from ray_resilience._internal.checkpoint.rank.snapshot import StagingBuffers, state_dict_of
 from ray_resilience._internal.checkpoint.rank.state_cache import StateCache
+from ray_resilience._internal.checkpoint.service.service import CheckpointService
 from ray_resilience._internal.checkpoint.service.warm_import import dumps
 from ray_resilience._internal.checkpoint.service.writer_pool import object_store_bytes
 from ray_resilience._internal.checkpoint.wire import NEED_PLAN, SaveTicket
+from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.examples.llama import build_model
 from tests.support.checkpoint_harness import on_all, start_ranks, start_with, stop_ranks
 from tests.support.checkpoint_service import assert_same, start_service, step_folder, wait_committed
+from tests.support.gated_fs import gated_filesystem
 from tests.support.procfs import (
     SCHED_BATCH,
     SCHED_IDLE,
@@ -407,6 +410,59 @@ def test_a_writer_missing_the_plan_asks_for_it_and_later_tickets_leave_it_out(ra
                                               "__0_0.distcp")) for step in (1, 2)]
         assert sizes[0] == sizes[1] > buffers.nbytes, sizes
     finally:
+        service.shutdown()
+
+
+def test_a_save_superseded_while_unfinished_is_answered_as_not_saved(ray_session, tmp_path):
+    """A writer given a rank's newer save while the older one is still being written drops the
+    older one and answers its waiter at once (not saved, and why) instead of leaving it to wait
+    out write_timeout_s; the older write, once it ends, gives no second answer; the newer save
+    is written and answered as durable. The storage holds every file write while a gate file
+    exists, and the newer save is sent only once the older one's write waits at the gate."""
+    gate = tmp_path / "gate"
+    service = CheckpointService.start(
+        storage_path=str(tmp_path / "ckpt"), run_name="run",
+        storage_filesystem=gated_filesystem(str(gate)), world_size=1,
+        node_ids_by_rank=[ray.get_runtime_context().get_node_id()],
+        config=CheckpointConfig(local_interval_steps=0))
+    try:
+        writer = service.rank_spec(0).writer
+        service.wait_ready()
+        model = build_model("tiny", seed=0)
+        source = StateCache().source(model, None)
+        buffers = StagingBuffers(source.items, source.tensors)
+        buffers.copy_now(source.tensors, list(range(len(source.tensors))))
+        session = "00000000000000dd"
+
+        def send(step: int):
+            ticket = SaveTicket(session=session, step=step, rank=0, world_size=1,
+                                items=source.items, owned=[True] * len(source.items),
+                                planner_data=source.planner_data, staged_at=time.time(),
+                                plan_id=source.plan_id)
+            ref = ray.put(buffers.payload(source.blobs, encode_extra({"step": step})))
+            return ray.get(writer.receive.remote(dumps(ticket), [ref]), timeout=60)
+
+        gate.touch()
+        assert send(1) is None
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "gate.waiting").exists():
+            assert time.monotonic() < deadline, "step 1's write never reached the storage"
+            time.sleep(0.05)
+        assert send(2) is None
+        first = ray.get(writer.wait.remote((session, 1, 0), 30.0), timeout=60)
+        assert first is not None and not first.ok, first
+        assert "superseded" in first.error and "step 2" in first.error, first.error
+        gate.unlink()
+        second = ray.get(writer.wait.remote((session, 2, 0), 60.0), timeout=90)
+        assert second is not None and second.ok, second
+        deadline = time.monotonic() + 60
+        while ray.get(writer.stats.remote(), timeout=60)["durable"] < 2:  # step 1's write too
+            assert time.monotonic() < deadline, ray.get(writer.stats.remote(), timeout=60)
+            time.sleep(0.05)
+        assert ray.get(writer.wait.remote((session, 1, 0), 0.5), timeout=60) is None
+        assert ray.get(writer.stats.remote(), timeout=60)["superseded"] == 1
+    finally:
+        gate.unlink(missing_ok=True)
         service.shutdown()
 
 

@@ -87,14 +87,15 @@ class CheckpointWriter:
                         "unmapped": 0, "durable": 0, "failed": 0, "retries": 0,
                         "replicas_sent": 0, "replicas_held": 0, "replicas_refused": 0,
                         "memory_mapped": 0, "memory_objects": 0, "spares_given": 0,
-                        "spares_refused": 0}
+                        "spares_refused": 0, "superseded": 0}
         """How snapshots came in: adopted (the rank's shared slot, its memory taken over, no
         copy), pulled (copied here from the rank's shared slot, which could not be adopted),
         filled (the rank copied into a buffer lent to it), copied (an object put by a rank,
         copied here), unmapped (the rank could not map the buffer lent to it and returned an
         object); memory_mapped / memory_objects: memory-tier shards lent to a loader on this
         node / copied into an object for one elsewhere; spares_given / spares_refused: adopted
-        memory given back to its rank / kept here because the rank did not take it."""
+        memory given back to its rank / kept here because the rank did not take it; superseded:
+        unfinished shards dropped for a newer save of the same rank (answered as not saved)."""
         self._intake = SnapshotIntake(writer_id=writer_id, node_id=self._node_id,
                                       executor=self._pool, cond=self._cond, counts=self._counts)
         self._buffers = self._intake.buffers
@@ -161,13 +162,22 @@ class CheckpointWriter:
             return took
         own, nbytes = took
         with self._cond:
+            for key in [k for k in self._outcomes if k[2] == ticket.rank]:
+                del self._outcomes[key]  # answers of this rank's older saves: nobody asks now
             for key in [k for k in self._shards
                         if k[2] == ticket.rank and not self._shards[k].durable]:
-                del self._shards[key]  # an older unfinished try of this rank: superseded
-            for key in [k for k in self._outcomes if k[2] == ticket.rank]:
-                del self._outcomes[key]
+                # An older unfinished save of this rank (its rank restarted or stopped waiting):
+                # dropped, with an answer for whoever still waits on it. A write already under
+                # way ends as it would (the coordinator may still commit it), unrecorded here.
+                del self._shards[key]
+                if key != ticket.key:  # the same save sent again is answered by its new write
+                    self._outcomes[key] = ShardOutcome(
+                        key[0], key[1], False, f"superseded by the same rank's save of step "
+                        f"{ticket.step} before it was durable")
+                    self._counts["superseded"] += 1
             self._shards[ticket.key] = _Shard(ticket, [own], nbytes)
             self._counts["received"] += 1
+            self._cond.notify_all()
         self._pool.submit(self._persist, ticket.key)
         return None
 
@@ -204,10 +214,11 @@ class CheckpointWriter:
             shard.report = (self.writer_id, ticket.staged_at, dumps(report))
             if not self.config.memory_tier:
                 shard.boxed.clear()
+            held = self._shards.get(key) is shard
         self._coordinator.shard_durable.remote(
             ticket.session, ticket.step, ticket.rank, ticket.world_size, shard.report)
         self._finish(key, ShardOutcome(ticket.session, ticket.step, True,
-                                       write_s=time.time() - start))
+                                       write_s=time.time() - start), answer=held)
 
     def resend_durable(self) -> int:
         """Reports again every durable shard not yet committed (the coordinator restarted and
@@ -260,15 +271,21 @@ class CheckpointWriter:
                        self.writer_id, ticket.rank, ticket.step, message)
         self._last_error = message
         with self._cond:
-            self._shards.pop(key, None)
+            held = self._shards.get(key) is not None and self._shards[key].ticket is ticket
+            if held:
+                del self._shards[key]
         self._coordinator.shard_failed.remote(ticket.session, ticket.step, ticket.rank, message)
-        self._finish(key, ShardOutcome(ticket.session, ticket.step, False, message, write_s))
+        self._finish(key, ShardOutcome(ticket.session, ticket.step, False, message, write_s),
+                     answer=held)
 
-    def _finish(self, key: Key, outcome: ShardOutcome) -> None:
+    def _finish(self, key: Key, outcome: ShardOutcome, *, answer: bool) -> None:
+        """Counts a write's end; `answer`: it is the key's answer to a waiter (False for a shard
+        superseded while it was written: `receive` answered for it)."""
         with self._cond:
             self._counts["durable" if outcome.ok else "failed"] += 1
-            self._outcomes[key] = outcome
-            self._cond.notify_all()
+            if answer:
+                self._outcomes[key] = outcome
+                self._cond.notify_all()
 
     def wait(self, key: Key, timeout_s: float) -> ShardOutcome | None:
         """The outcome of a shard once it is durable or given up; None if still writing."""
