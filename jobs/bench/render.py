@@ -47,6 +47,13 @@ def load(results_dir: str) -> tuple[list[dict], dict | None]:
     return docs, (read_json(path) if os.path.exists(path) else None)
 
 
+def load_timelines(results_dir: str, doc: dict) -> dict | None:
+    """The run timelines committed beside a recovery result (`recovery-<size>.timelines.json.gz`)
+    or None."""
+    path = os.path.join(results_dir, f"recovery-{doc['size']['name']}.timelines.json.gz")
+    return read_json(path) if os.path.exists(path) else None
+
+
 def load_tiers(results_dir: str) -> dict | None:
     path = os.path.join(results_dir, "tiers.json")
     return read_json(path) if os.path.exists(path) else None
@@ -109,7 +116,7 @@ def render(results_dir: str) -> str:
     section = targets.section(docs)
     if section:
         parts += [section, ""]
-    parts += [f"{recovery.section(d)}\n" for d in docs]
+    parts += [f"{recovery.section(d, load_timelines(results_dir, d))}\n" for d in docs]
     if ckpt is not None:
         parts += [checkpoint.section(ckpt), ""]
     cp = load_control_plane(results_dir)

@@ -16,7 +16,7 @@ if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
 import render  # noqa: E402 - after the path set-up above
-from report import checkpoint, overhead, prose, targets  # noqa: E402
+from report import checkpoint, overhead, prose, recovery, targets  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,6 +88,33 @@ def test_the_prose_says_where_ours_loses_and_splits_the_time_gap() -> None:
     leading["scenarios"]["aws"]["summary"]["ours"]["cpu_s"]["median"] = 1.0
     assert prose.where_ours_loses(leading, "aws") == [
         "Ours is ahead of every peer on every column of this table."]
+
+
+def test_resume_points_give_the_step_reached_the_step_resumed_from_and_the_tier() -> None:
+    """Per mechanism, its first run of the scenario: each restart's last step reached (steps
+    before the restart's first step, which may pass the fault's step), the step resumed from
+    and the tier loaded, "none" where it started over; faults nobody resumed from are left out."""
+    def run(steps, faults):
+        return {"steps": [{"step": s, "t": t} for s, t in steps], "faults": faults}
+
+    def fault(resumed, first, tier):
+        return {"resumed_from_step": resumed, "t_first_step": first,
+                "phases": [{"phase": "detect"}, {"phase": "checkpoint_load", "tier": tier}]}
+
+    timelines = {
+        "010-ours-node_loss-rep1": run([(9, 1.0)], [fault(8, 2.0, "memory")]),
+        "003-ours-node_loss-rep0": run([(4, 1.0), (6, 1.5), (1, 2.0), (9, 3.0), (8, 4.0)],
+                                       [fault(0, 2.0, None), fault(7, 4.0, "memory")]),
+        "004-ours-spare-aws-rep0": run([(3, 1.0)], [fault(2, 2.0, "local")]),
+        "005-torchft-node_loss-rep0": run([(3, 1.0)], [fault(None, None, None)]),
+    }
+    doc = {"mechanisms": {"ours": {}, "ours-spare": {}, "torchft": {}}}
+    text = recovery.resume_points(doc, timelines, "node_loss")
+    assert "ours 6 → 0 (none), 9 → 7 (memory)." in text, text
+    assert "ours-spare" not in text and "torchft" not in text, text
+    assert "starts over from step 0" in text  # the node-loss note
+    assert recovery.resume_points(doc, timelines, "hang") == ""
+    assert recovery.resume_points(doc, None, "node_loss") == ""
 
 
 def test_the_prose_names_runs_of_ours_that_did_not_finish() -> None:

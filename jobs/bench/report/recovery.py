@@ -126,7 +126,48 @@ def _config(info: dict[str, Any]) -> str:
                              if spares else "")
 
 
-def section(doc: dict[str, Any]) -> str:
+RESUME_NOTES = {
+    "node_loss": "A lost node's local tier goes with it, so ours resumes from the newest commit "
+                 "(the memory tier's replica on a live node, else storage), and a node lost "
+                 "before the run's first commit starts over from step 0: the first commit waits "
+                 "for the writers' import of torch's DCP, which starts after the run's first "
+                 "step (design.md, section 6), while Ray Train saves inside its loop. The "
+                 "simulated node's processes die a moment after the fault fires and the ranks "
+                 "step on meanwhile, so the last step reached can pass the fault's step; the "
+                 "table's steps redone count from the fault's step.",
+}
+
+
+def resume_points(doc: dict[str, Any], timelines: dict[str, Any] | None, name: str) -> str:
+    """Per mechanism, from its first run of scenario `name`: the last step reached before each
+    restart, the step resumed from and the tier loaded (none: it started over)."""
+    if not timelines:
+        return ""
+    parts = []
+    for mech in ordered(doc["mechanisms"]):
+        runs = sorted(k for k in timelines if k.split("-", 1)[1].startswith(f"{mech}-{name}-rep"))
+        if not runs:
+            continue
+        run = timelines[runs[0]]
+        points = []
+        for fault in run["faults"]:
+            if fault.get("resumed_from_step") is None or fault.get("t_first_step") is None:
+                continue
+            reached = max((s["step"] for s in run["steps"] if s["t"] < fault["t_first_step"]),
+                          default=None)
+            tier = next((p.get("tier") for p in fault["phases"]
+                         if p["phase"] == "checkpoint_load"), None)
+            points.append(f"{reached} → {fault['resumed_from_step']} ({tier or 'none'})")
+        if points:
+            parts.append(f"{mech} {', '.join(points)}")
+    if not parts:
+        return ""
+    return ("Where each restart resumed (each mechanism's first run: the last step reached → the "
+            "step resumed from, and the tier loaded): " + "; ".join(parts) + ". "
+            + RESUME_NOTES.get(name, "")).rstrip()
+
+
+def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str:
     size = doc["size"]
     out = [f"## Recovery: {size['name']} ({mb(size['state_bytes_per_rank'] / 1e6)} of state "
            f"per rank, {doc['max_steps']} steps)", ""]
@@ -145,7 +186,8 @@ def section(doc: dict[str, Any]) -> str:
     for name, scenario in doc["scenarios"].items():
         out += [f"### {SCENARIO_TITLES.get(name, name)}", "",
                 f"Plan: {_plan(scenario['plan'])}.", "", scenario_table(doc, name), ""]
-        for block in (time_breakdown(doc, name), "\n".join(where_ours_loses(doc, name))):
+        resumed = resume_points(doc, timelines, name) if name != "aws" else ""
+        for block in (time_breakdown(doc, name), "\n".join(where_ours_loses(doc, name)), resumed):
             if block:
                 out += [block, ""]
     out += ["### Fault-free runs, intervals, per-step overhead and configurations", "",
