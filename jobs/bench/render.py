@@ -91,8 +91,9 @@ def _setup(docs: list[dict], ckpt: dict | None) -> str:
         "Workload: FSDP2 LLaMA with dropout (the RNG state travels with every checkpoint), AdamW, "
         "2 CPU ranks on gloo, the same data, seed and fault plan for every mechanism. A fault "
         "fires at the start of its step, before the forward pass, from the same loop code for "
-        "every mechanism; steps redone = steps completed before the fault minus the step "
-        "resumed from.", "",
+        "every mechanism; steps redone = the last step completed before the restart (the "
+        "fault's step, or later where ranks stepped on after it, as a lost node's do until its "
+        "processes are gone) minus the step resumed from.", "",
         "Detection: every mechanism gets the same tuned timeouts, none runs at its defaults. "
         "A hang is noticed after the size's detection timeout: ours' step timeout, "
         "ft_launcher's rank heartbeat timeout, torchft's manager timeout, and the gloo timeout "

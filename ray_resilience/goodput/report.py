@@ -26,6 +26,7 @@ class FaultRecovery:
     cause: str
     rank: int | None
     step_at_fault: int
+    """The step the fault interrupted (the last step every rank had completed when it struck)."""
     t_fault_s: float
     """When it happened, seconds since run start."""
     detect_s: float
@@ -38,7 +39,11 @@ class FaultRecovery:
     recovery_s: float | None
     """Fault to the first completed step after it; None if training never resumed."""
     resumed_from_step: int | None
+    step_reached: int
+    """The last step completed before training resumed: `step_at_fault`, or later where ranks
+    stepped on after the fault struck (a lost node's ranks until its processes are gone)."""
     steps_redone: int | None
+    """`step_reached` minus `resumed_from_step`: work done before the restart and done again."""
     checkpoint_age_steps: int | None
     """Steps since the newest committed checkpoint at the fault; None if none was committed."""
     checkpoint_age_s: float | None
@@ -173,6 +178,12 @@ def _recovery(fault: FaultEvent, timeline: RunTimeline) -> FaultRecovery:
         first_step_s = max(0.0, t_first - max(ends))
     commit = iv.last_commit_at(timeline.commits, fault.t_fault)
     resumed = fault.resumed_from_step
+    # Steps completed after the fault and before the first step of the recovered run belong to
+    # the failed attempt (a lost node's ranks step on until its processes are gone). A rank
+    # that trained on through the fault (torchft's healthy replica) resumed at its next step.
+    reached = max([fault.step_at_fault] + [
+        s.step for s in timeline.steps
+        if fault.t_fault <= s.t and (t_first is None or s.t < t_first)])
     return FaultRecovery(
         fault_id=fault.fault_id, kind=fault.kind, cause=fault.cause, rank=fault.rank,
         step_at_fault=fault.step_at_fault, t_fault_s=fault.t_fault - (timeline.t_start or 0.0),
@@ -181,8 +192,8 @@ def _recovery(fault: FaultEvent, timeline: RunTimeline) -> FaultRecovery:
         checkpoint_load_s=durations.get("checkpoint_load"), checkpoint_tier=tier,
         first_step_s=first_step_s,
         recovery_s=None if t_first is None else t_first - fault.t_fault,
-        resumed_from_step=resumed,
-        steps_redone=None if resumed is None else max(0, fault.step_at_fault - resumed),
+        resumed_from_step=resumed, step_reached=reached,
+        steps_redone=None if resumed is None else max(0, reached - resumed),
         checkpoint_age_steps=None if commit is None else fault.step_at_fault - commit.step,
         checkpoint_age_s=None if commit is None else fault.t_fault - commit.t,
     )

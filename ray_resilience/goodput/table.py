@@ -11,7 +11,8 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("fault", "fault_id"), ("cause", "cause"), ("step", "step_at_fault"),
     ("at s", "t_fault_s"), ("detect", "detect_s"), ("teardown", "teardown_s"),
     ("rdzv", "rendezvous_s"), ("load", "checkpoint_load_s"), ("tier", "checkpoint_tier"),
-    ("1st step", "first_step_s"), ("recovery", "recovery_s"), ("resumed", "resumed_from_step"),
+    ("1st step", "first_step_s"), ("recovery", "recovery_s"), ("reached", "step_reached"),
+    ("resumed", "resumed_from_step"),
     ("redone", "steps_redone"), ("ckpt age", "checkpoint_age_steps"),
 )
 

@@ -105,6 +105,38 @@ def test_reduced_world_size_lowers_infra_goodput_only_for_that_period():
     assert report.faults[0].steps_redone == 1 and report.faults[0].checkpoint_age_steps is None
 
 
+def test_steps_taken_after_the_fault_and_then_redone_count_as_redone():
+    """A lost node's ranks step on until its processes are gone: steps 11-15 were done after the
+    fault fired, thrown away with the node, and done again from the step-5 commit."""
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    for step in range(1, 16):
+        timeline.step_completed(step, float(step), 2)
+    timeline.fault_detected("node", t_fault=10.5, t_detect=16.0, step_at_fault=10, rank=1,
+                            cause="node_loss", kind="node_loss")
+    for step in range(6, 21):  # resumed from the step-5 commit
+        timeline.step_completed(step, 20.0 + step - 6, 2)
+    timeline.recovery_done("node", 20.0, 5)
+    timeline.run_finished(35.0, 20)
+    (fault,) = compute_goodput(timeline).faults
+    assert (fault.step_at_fault, fault.step_reached, fault.resumed_from_step) == (10, 15, 5)
+    assert fault.steps_redone == 10
+
+
+def test_a_replica_that_trained_through_the_fault_redid_nothing():
+    """torchft: the healthy replica's steps after the fault are kept, not redone."""
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    for step in range(1, 21):
+        timeline.step_completed(step, float(step), 1 if 11 <= step <= 14 else 2)
+    timeline.fault_detected("e", t_fault=10.5, t_detect=12.0, step_at_fault=10, rank=1,
+                            cause="exception", kind="exception")
+    timeline.recovery_done("e", 11.0, 10)  # its next step ended the stall
+    timeline.run_finished(20.0, 20)
+    (fault,) = compute_goodput(timeline).faults
+    assert (fault.step_reached, fault.steps_redone) == (10, 0)
+
+
 def test_recovery_window_is_not_training_even_without_rollback():
     timeline = RunTimeline()
     timeline.run_started(0.0, 2)

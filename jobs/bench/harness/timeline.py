@@ -15,7 +15,9 @@ Which events stand for what (all times `time.time()`):
   is taken as the first new start, and a note says so instead of inventing a split. When rank 0
   loads nothing (torchft: it keeps training), it resumed from the step before its next one.
 - a fault fires at the start of its step s, so s - 1 steps were complete: steps redone are
-  s - 1 minus the step resumed from, for every mechanism.
+  the step reached (s - 1, or the last step rank 0 completed before the recovered run's first
+  step where the ranks stepped on, as a simulated node's do until its processes are gone)
+  minus the step resumed from, for every mechanism (`compute_goodput`).
 """
 
 from __future__ import annotations

@@ -110,6 +110,14 @@ def _sittings(doc: dict[str, Any]) -> str:
             f" runs, commits {commits}")
 
 
+def _rescored(doc: dict[str, Any]) -> str:
+    """" Re-scored from the committed timelines on <date> (<fields>): <why>." per re-score."""
+    return "".join(
+        f" Re-scored from the committed timelines by `jobs/bench/rescore.py` on {e['date_utc']} "
+        f"UTC ({', '.join(e['fields'])})" + (f": {e['note']}." if e.get("note") else ".")
+        for e in doc.get("rescored") or [])
+
+
 def _steady(ref: dict[str, Any]) -> str:
     """The median steady step over the reference's repetitions, with their range."""
     steps = [r["steady_step_s"] for r in ref.get("repetitions", [])
@@ -134,7 +142,7 @@ RESUME_NOTES = {
                  "step (design.md, section 6), while Ray Train saves inside its loop. The "
                  "simulated node's processes die a moment after the fault fires and the ranks "
                  "step on meanwhile, so the last step reached can pass the fault's step; the "
-                 "table's steps redone count from the fault's step.",
+                 "table's steps redone count from the last step reached.",
 }
 
 
@@ -182,7 +190,7 @@ def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str
             + (f"{stick['mechanism']}'s fault-free steady step, {ms(stick['step_s'])}."
                if stick else "none (no fault-free run finished).")
             + f" Hang detection timeout, the same for every mechanism: "
-              f"{size['detect_timeout_s']:g} s.", ""]
+              f"{size['detect_timeout_s']:g} s.{_rescored(doc)}", ""]
     for name, scenario in doc["scenarios"].items():
         out += [f"### {SCENARIO_TITLES.get(name, name)}", "",
                 f"Plan: {_plan(scenario['plan'])}.", "", scenario_table(doc, name), ""]
