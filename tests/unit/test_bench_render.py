@@ -81,7 +81,7 @@ def test_the_prose_says_where_ours_loses_and_splits_the_time_gap() -> None:
     assert "- time to the last step: ours 20.0 s, torchrun 18.0 s." in lines
     assert not any("recovery" in line for line in lines if line.startswith("- "))
     gap = lines[-1]
-    assert "(torchrun)" in gap and "+2.0 s" in gap and "steady steps +1.0 s" in gap
+    assert "last step, torchrun, ours" in gap and "+2.0 s" in gap and "steady steps +1.0 s" in gap
     leading = copy.deepcopy(_doc())
     leading["scenarios"]["aws"]["summary"]["ours"] = _summary(0.9, 10.0, 0.5, 2.0)
     leading["scenarios"]["aws"]["summary"]["ours"]["peak_rss_bytes"]["median"] = 1
@@ -159,25 +159,41 @@ def test_a_recovery_target_below_one_fault_free_step_is_said_to_be_out_of_reach(
 
 
 def test_targets_leave_out_a_peer_that_met_fewer_faults_and_say_so() -> None:
+    """A fault is met when the mechanism completed a step after it: one that never fired, or
+    fired after the last step (a torchft replica training alone once its peer finished), cost
+    the measured run nothing."""
     doc = _doc()
     doc["mechanisms"]["torchft"] = doc["mechanisms"]["torchrun"]
     faster = _summary(0.95, 9.0, 0.1, 0.2)  # would win every column...
-    faster["faults_fired"] = {"median": 1, "min": 1, "max": 1, "n": 1}  # ...meeting 1 of 2 faults
+    faster["recovery"]["sigkill"]["n"] = 0  # ...its SIGKILL fired after its last step
     doc["scenarios"]["aws"]["summary"]["torchft"] = faster
     rows = {r[1]: r for r in targets.rows_for(doc)}
     assert rows["exception recovery p50 5x faster than the fastest peer"][2:] == [
         "1.00 s", "6.00 s (torchrun)", "met"]
     assert all("torchft" not in r[3] for r in rows.values())
     text = targets.section([doc])
-    assert "torchft at tiny (1/2 faults fired)" in text and "torchft replica restarts" in text
+    assert "torchft at tiny (1 of 2 faults met over its runs)" in text, text
+    assert "torchft replica restarts" in text
     assert targets.fewer_faults(_doc()) == {}
-    other = copy.deepcopy(doc)  # another peer short of faults, its count unknown
+    other = copy.deepcopy(doc)  # another peer short of faults: over two runs, 3 of 4 met
     other["mechanisms"]["ray-train"] = other["mechanisms"].pop("torchft")
     other["scenarios"]["aws"]["summary"]["ray-train"] = {
-        **other["scenarios"]["aws"]["summary"].pop("torchft"), "faults_fired": {"median": None}}
+        **other["scenarios"]["aws"]["summary"].pop("torchft"), "ok": 2, "runs": 2,
+        "recovery": {"exception": {"p50": 0.1, "max": 0.1, "n": 2},
+                     "sigkill": {"p50": 0.2, "max": 0.2, "n": 1}}}
     text = targets.section([other])
-    assert "ray-train at tiny (–/2 faults fired)" in text
+    assert "ray-train at tiny (3 of 4 faults met over its runs)" in text, text
     assert "torchft replica" not in text
+
+
+def test_a_recovery_cell_says_when_it_pools_fewer_faults_than_the_runs_planned() -> None:
+    s = _summary(0.9, 10.0, 1.0, 2.0) | {"ok": 3}
+    s["recovery"]["sigkill"] |= {"n": 2, "max": 2.5}
+    assert recovery._recovery(s, "exception", 1) == "1.00 s (max 1.00 s; 1 of 3 faults)"
+    assert recovery._recovery(s, "sigkill", 1) == "2.00 s (max 2.50 s; 2 of 3 faults)"
+    s["recovery"]["exception"]["n"] = 3
+    assert recovery._recovery(s, "exception", 1) == "1.00 s (max 1.00 s)"
+    assert recovery._recovery(s, "hang", 1) == "–"
 
 
 def test_the_checkpoint_section_pairs_like_with_like() -> None:

@@ -93,9 +93,27 @@ def time_breakdown(doc: dict[str, Any], scenario: str) -> str:
     return text
 
 
+def faults_met(s: dict[str, Any]) -> tuple[int, int]:
+    """(faults met, faults planned), pooled over a mechanism's ok runs. A fault is met when the
+    mechanism completed a step after it (it has a recovery time): a fault that never fired, or
+    fired after the mechanism's last step, cost the measured run nothing. Both happen to torchft
+    replicas: one restarts while its peer trains on alone, and when the peer reaches the last
+    step first the restarted one's later faults never fire, or (Ray Train's `TorchftConfig`,
+    which restarts it with no live peer left to heal from) fire while it trains alone after
+    the run's last step."""
+    met = sum(entry.get("n", 0) for entry in (s.get("recovery") or {}).values())
+    return met, s.get("faults_planned", 0) * s.get("ok", 0)
+
+
 def _peers(doc: dict[str, Any], scenario: str) -> dict[str, dict[str, Any]]:
     summaries = doc["scenarios"][scenario]["summary"]
     return {m: s for m, s in summaries.items() if not m.startswith(OURS) and s["ok"]}
+
+
+def _named(mech: str, s: dict[str, Any]) -> str:
+    """The peer's name, with how many faults it met where that is fewer than planned."""
+    met, planned = faults_met(s)
+    return mech if met >= planned else f"{mech} ({met} of {planned} faults met)"
 
 
 def _better(a: float, b: float, higher: bool) -> bool:
@@ -129,14 +147,15 @@ def where_ours_loses(doc: dict[str, Any], scenario: str) -> list[str]:
             continue
         best = (max if higher else min)(known, key=lambda m: (known[m], m))
         if _better(known[best], mine, higher):
-            lines.append(f"- {label}: ours {fmt(mine)}, {best} {fmt(known[best])}.")
+            lines.append(f"- {label}: ours {fmt(mine)}, {_named(best, peers[best])} "
+                         f"{fmt(known[best])}.")
     for kind, entry in sorted(ours["recovery"].items()):
         known = {m: s["recovery"][kind]["p50"] for m, s in peers.items() if kind in s["recovery"]}
         if known:
             best = min(known, key=lambda m: (known[m], m))
             if known[best] < entry["p50"]:
                 lines.append(f"- {kind} recovery p50: ours {sec(entry['p50'])}, "
-                             f"{best} {sec(known[best])}.")
+                             f"{_named(best, peers[best])} {sec(known[best])}.")
     if not lines:
         return ["Ours is ahead of every peer on every column of this table."]
     gap = _gap(doc, scenario, peers)
@@ -155,5 +174,6 @@ def _gap(doc: dict[str, Any], scenario: str, peers: dict[str, dict[str, Any]]) -
         return ""
     deltas = sorted(((mine[p] - theirs[p], p) for p in PARTS), reverse=True)
     parts = ", ".join(f"{p} {d:+.1f} s" for d, p in deltas)
-    return (f"Against the fastest peer to the last step ({fastest}), ours' wall differs by "
+    return (f"Against the fastest peer to the last step, {_named(fastest, peers[fastest])}, "
+            f"ours' wall differs by "
             f"{mine['wall'] - theirs['wall']:+.1f} s: {parts}.")

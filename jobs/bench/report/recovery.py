@@ -26,14 +26,22 @@ def _bit(s: dict[str, Any], key: str, comparable: bool) -> str:
     return text if comparable else f"{text} (not expected)"
 
 
-def _recovery(s: dict[str, Any], kind: str) -> str:
+def _recovery(s: dict[str, Any], kind: str, planned: int) -> str:
+    """p50 and max over the runs' faults of `kind`; "n of m" when it pools fewer faults than
+    the ok runs planned (`planned` per run): a fault that never fired, or after which the
+    mechanism completed no step, has no recovery time."""
     entry = s["recovery"].get(kind)
-    return NONE if entry is None else f"{sec(entry['p50'])} (max {sec(entry['max'])})"
+    if entry is None:
+        return NONE
+    wanted = planned * s["ok"]
+    pooled = "" if entry["n"] >= wanted else f"; {entry['n']} of {wanted} faults"
+    return f"{sec(entry['p50'])} (max {sec(entry['max'])}{pooled})"
 
 
 def scenario_table(doc: dict[str, Any], name: str) -> str:
     scenario = doc["scenarios"][name]
     kinds = sorted({f["kind"] for f in scenario["plan"]["faults"]})
+    planned = {k: sum(f["kind"] == k for f in scenario["plan"]["faults"]) for k in kinds}
     headers = ["mechanism", "training goodput", f"time to {doc['max_steps']} steps", "start-up",
                "goodput after start-up", "infra goodput / slot",
                *[f"{k} recovery p50" for k in kinds], "steps redone", "= own fault-free",
@@ -58,7 +66,7 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
             mech, spread(s["training_goodput"]), spread(s["wall_s"], sec),
             spread(s["startup_s"], sec), spread(s["goodput_after_startup"]),
             spread(s["infra_goodput_per_slot"]),
-            *[_recovery(s, k) for k in kinds], spread(s["steps_redone"], num),
+            *[_recovery(s, k, planned[k]) for k in kinds], spread(s["steps_redone"], num),
             _bit(s, "own", comparable), _bit(s, "family", comparable),
             spread(s.get(memory_key(doc)), gib), spread(s["cpu_s"], sec),
             f"{spread(s['faults_fired'], num)}/{s['faults_planned']}"])
