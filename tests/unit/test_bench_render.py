@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from ray_resilience.goodput import RunTimeline
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "jobs", "bench")
 if BENCH not in sys.path:
@@ -91,22 +93,35 @@ def test_the_prose_says_where_ours_loses_and_splits_the_time_gap() -> None:
 
 
 def test_resume_points_give_the_step_reached_the_step_resumed_from_and_the_tier() -> None:
-    """Per mechanism, its first run of the scenario: each restart's last step reached (steps
-    before the restart's first step, which may pass the fault's step), the step resumed from
-    and the tier loaded, "none" where it started over; faults nobody resumed from are left out."""
+    """Per mechanism, its first run of the scenario: each restart's last step reached (the
+    goodput report's: steps after the fault before the restart's first step, which may pass the
+    fault's step), the step resumed from and the tier loaded, "none" where it started over;
+    faults nobody resumed from are left out."""
     def run(steps, faults):
-        return {"steps": [{"step": s, "t": t} for s, t in steps], "faults": faults}
-
-    def fault(resumed, first, tier):
-        return {"resumed_from_step": resumed, "t_first_step": first,
-                "phases": [{"phase": "detect"}, {"phase": "checkpoint_load", "tier": tier}]}
+        timeline = RunTimeline()
+        timeline.run_started(0.0, 2)
+        for step, t in steps:
+            timeline.step_completed(step, t, 2)
+        for i, (at, t_fault, resumed, first, tier) in enumerate(faults):
+            fid = f"f{i}"
+            timeline.fault_detected(fid, t_fault=t_fault, t_detect=t_fault, step_at_fault=at,
+                                    rank=1, cause="node_loss", kind="node_loss")
+            if tier is not None:
+                timeline.recovery_phase(fid, "checkpoint_load", first - 0.1, first - 0.05,
+                                        tier=tier)
+            if resumed is not None:
+                timeline.recovery_done(fid, first, resumed)
+        timeline.run_finished(max(t for _, t in steps), max(s for s, _ in steps))
+        return timeline.to_dict()
 
     timelines = {
-        "010-ours-node_loss-rep1": run([(9, 1.0)], [fault(8, 2.0, "memory")]),
-        "003-ours-node_loss-rep0": run([(4, 1.0), (6, 1.5), (1, 2.0), (9, 3.0), (8, 4.0)],
-                                       [fault(0, 2.0, None), fault(7, 4.0, "memory")]),
-        "004-ours-spare-aws-rep0": run([(3, 1.0)], [fault(2, 2.0, "local")]),
-        "005-torchft-node_loss-rep0": run([(3, 1.0)], [fault(None, None, None)]),
+        "010-ours-node_loss-rep1": run([(9, 1.0)], [(9, 1.5, 8, 2.0, "memory")]),
+        # steps 5 and 6 came after the first fault (at step 4) from the doomed attempt
+        "003-ours-node_loss-rep0": run([(4, 1.0), (5, 1.4), (6, 1.5), (1, 2.0), (9, 3.0),
+                                        (8, 4.0)],
+                                       [(4, 1.2, 0, 2.0, None), (9, 3.5, 7, 4.0, "memory")]),
+        "004-ours-spare-aws-rep0": run([(3, 1.0)], [(3, 1.5, 2, 2.0, "local")]),
+        "005-torchft-node_loss-rep0": run([(3, 1.0)], [(3, 1.5, None, None, None)]),
     }
     doc = {"mechanisms": {"ours": {}, "ours-spare": {}, "torchft": {}}}
     text = recovery.resume_points(doc, timelines, "node_loss")

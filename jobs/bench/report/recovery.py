@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ray_resilience.goodput import RunTimeline, compute_goodput
+
 from .fmt import NONE, gib, mb, ms, num, pct, sec, spread, table
 from .prose import MEMORY, memory_key, ordered, time_breakdown, where_ours_loses
 
@@ -164,16 +166,9 @@ def resume_points(doc: dict[str, Any], timelines: dict[str, Any] | None, name: s
         runs = sorted(k for k in timelines if k.split("-", 1)[1].startswith(f"{mech}-{name}-rep"))
         if not runs:
             continue
-        run = timelines[runs[0]]
-        points = []
-        for fault in run["faults"]:
-            if fault.get("resumed_from_step") is None or fault.get("t_first_step") is None:
-                continue
-            reached = max((s["step"] for s in run["steps"] if s["t"] < fault["t_first_step"]),
-                          default=None)
-            tier = next((p.get("tier") for p in fault["phases"]
-                         if p["phase"] == "checkpoint_load"), None)
-            points.append(f"{reached} → {fault['resumed_from_step']} ({tier or 'none'})")
+        report = compute_goodput(RunTimeline.from_dict(timelines[runs[0]]))
+        points = [f"{f.step_reached} → {f.resumed_from_step} ({f.checkpoint_tier or 'none'})"
+                  for f in report.faults if f.resumed_from_step is not None]
         if points:
             parts.append(f"{mech} {', '.join(points)}")
     if not parts:
