@@ -95,7 +95,11 @@ def _setup(docs: list[dict], ckpt: dict | None) -> str:
         "fires at the start of its step, before the forward pass, from the same loop code for "
         "every mechanism; steps redone = the last step completed before the restart (the "
         "fault's step, or later where ranks stepped on after it, as a lost node's do until its "
-        "processes are gone) minus the step resumed from.", "",
+        "processes are gone) minus the step resumed from. A recovery is timed from the fault "
+        "to the next completed step; back to full world, to the first step the whole world "
+        "trained at or after it. The two differ only where part of the world trains on through "
+        "a fault: torchft's surviving replica, whose next step ends its recovery while the "
+        "restarted replica rejoins later (if before the last step).", "",
         "Detection: every mechanism gets the same tuned timeouts, none runs at its defaults. "
         "A hang is noticed after the size's detection timeout: ours' step timeout, "
         "ft_launcher's rank heartbeat timeout, torchft's manager timeout, and the gloo timeout "

@@ -71,13 +71,45 @@ def test_steps_trained_by_half_the_world_count_half() -> None:
 
 
 def test_recovery_is_grouped_by_fault_kind() -> None:
-    timeline = _timeline(0.1, 50)
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    for step in range(1, 11):  # to the fault at 3.0 s
+        timeline.step_completed(step, 2.0 + step * 0.1, 2)
     timeline.fault_detected("f1", t_fault=3.0, t_detect=3.1, step_at_fault=10, rank=1,
                             cause="process_killed", kind="sigkill")
+    for step in range(9, 51):  # resumed from step 8, its first step at 4.0 s
+        timeline.step_completed(step, 4.0 + (step - 9) * 0.1, 2)
     timeline.recovery_done("f1", 4.0, resumed_from_step=8)
+    timeline.run_finished(8.1, 50)
     score = score_run(timeline, 0.1)
     assert score.recovery_s == {"sigkill": [pytest.approx(1.0)]}
     assert score.recovery_total_s == pytest.approx(1.0) and score.steps_redone == 2
+
+
+def test_back_to_full_world_waits_for_the_restarted_replica_where_a_survivor_trained_on() -> None:
+    """torchft: the survivor's next step ends the recovery (0.5 s); the whole world trains
+    again only when the restarted replica rejoins (step 9, 4.0 s after the fault). A fault
+    after the last step has neither. For an FSDP run the two are the same step."""
+    timeline = RunTimeline()
+    timeline.run_started(0.0, 2)
+    for step, t, world in [(1, 1.0, 2), (2, 2.0, 2), (3, 2.5, 1), (4, 3.0, 1), (5, 3.5, 1),
+                           (6, 4.0, 1), (7, 4.5, 1), (8, 5.0, 1), (9, 6.0, 2), (10, 7.0, 2)]:
+        timeline.step_completed(step, t, world)
+    timeline.fault_detected("f1", t_fault=2.0, t_detect=2.1, step_at_fault=2, rank=1,
+                            cause="exception", kind="exception")
+    timeline.recovery_done("f1", 2.5, resumed_from_step=2)
+    timeline.fault_detected("f2", t_fault=8.0, t_detect=8.0, step_at_fault=10, rank=1,
+                            cause="exception", kind="exception")
+    timeline.run_finished(7.0, 10)
+    score = score_run(timeline, 1.0)
+    assert score.recovery_s == {"exception": [pytest.approx(0.5)]}
+    assert score.full_world_back_s == {"exception": [pytest.approx(4.0)]}
+
+    fsdp = _timeline(0.1, 50)
+    fsdp.fault_detected("f1", t_fault=3.0, t_detect=3.1, step_at_fault=10, rank=1,
+                        cause="process_killed", kind="sigkill")
+    fsdp.recovery_done("f1", 4.0, resumed_from_step=8)  # a step lands exactly at 4.0 s
+    assert score_run(fsdp, 0.1).full_world_back_s == score_run(fsdp, 0.1).recovery_s
 
 
 def test_young_interval_from_cost_step_and_mtbf() -> None:

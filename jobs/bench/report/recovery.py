@@ -40,13 +40,24 @@ def _recovery(s: dict[str, Any], kind: str, planned: int) -> str:
     return f"{sec(entry['p50'])} (max {sec(entry['max'])}{pooled})"
 
 
+def _back(s: dict[str, Any], planned: int) -> str:
+    """Fault to the full world training again, p50 and max over every fault of the runs, with
+    how many it pools where that is fewer than the ok runs planned."""
+    entry, wanted = s.get("full_world_back"), planned * s["ok"]
+    if entry is None:
+        return NONE if not s["recovery"] else f"not before the last step (0 of {wanted} faults)"
+    pooled = "" if entry["n"] >= wanted else f"; {entry['n']} of {wanted} faults"
+    return f"{sec(entry['p50'])} (max {sec(entry['max'])}{pooled})"
+
+
 def scenario_table(doc: dict[str, Any], name: str) -> str:
     scenario = doc["scenarios"][name]
     kinds = sorted({f["kind"] for f in scenario["plan"]["faults"]})
     planned = {k: sum(f["kind"] == k for f in scenario["plan"]["faults"]) for k in kinds}
     headers = ["mechanism", "training goodput", f"time to {doc['max_steps']} steps", "start-up",
                "goodput after start-up", "infra goodput / slot",
-               *[f"{k} recovery p50" for k in kinds], "steps redone", "= own fault-free",
+               *[f"{k} recovery p50" for k in kinds], "back to full world p50",
+               "steps redone", "= own fault-free",
                "= FSDP/replica reference", MEMORY[memory_key(doc)], "CPU", "faults fired"]
     rows = []
     for mech in ordered(doc["mechanisms"]):
@@ -68,7 +79,8 @@ def scenario_table(doc: dict[str, Any], name: str) -> str:
             mech, spread(s["training_goodput"]), spread(s["wall_s"], sec),
             spread(s["startup_s"], sec), spread(s["goodput_after_startup"]),
             spread(s["infra_goodput_per_slot"]),
-            *[_recovery(s, k, planned[k]) for k in kinds], spread(s["steps_redone"], num),
+            *[_recovery(s, k, planned[k]) for k in kinds],
+            _back(s, len(scenario["plan"]["faults"])), spread(s["steps_redone"], num),
             _bit(s, "own", comparable), _bit(s, "family", comparable),
             spread(s.get(memory_key(doc)), gib), spread(s["cpu_s"], sec),
             f"{spread(s['faults_fired'], num)}/{s['faults_planned']}"])

@@ -13,6 +13,10 @@ same invocation.
 - infra goodput per slot: full-world training time / wall x world size / allocated slots
   (world size plus idle spares).
 - time to N steps = wall (launch to the last step); start-up = launch to the first step.
+- recovery = fault to the next completed step; back to full world = fault to the first step
+  the whole world trained, at or after that one. They differ only where part of the world
+  trains on through a fault (torchft's survivors: their next step ends the recovery, the
+  restarted replica's first step with them the way back).
 - the in-run figure (each run measured against its own fault-free intervals) is a diagnostic.
 """
 
@@ -59,6 +63,8 @@ class RunScore:
     recovery_s: dict[str, list[float]]
     """Fault kind -> recovery times (fault to the first completed step after it)."""
     recovery_total_s: float
+    full_world_back_s: dict[str, list[float]]
+    """Fault kind -> fault to the first full-world step at or after its recovery's step."""
     steps_redone: int
     faults: int
 
@@ -88,9 +94,18 @@ def score_run(timeline: RunTimeline, yardstick_s: float | None, *, num_spares: i
     world = timeline.world_size
     full = full_world_training_s(step_intervals(timeline), world)
     recovery: dict[str, list[float]] = {}
+    back: dict[str, list[float]] = {}
     for fault in report.faults:
-        if fault.recovery_s is not None:
-            recovery.setdefault(fault.kind or fault.cause, []).append(fault.recovery_s)
+        if fault.recovery_s is None:
+            continue
+        kind = fault.kind or fault.cause
+        recovery.setdefault(kind, []).append(fault.recovery_s)
+        t_fault = timeline.faults[fault.fault_id].t_fault
+        t_first = t_fault + fault.recovery_s - 1e-6  # the recovery's step itself counts
+        whole = next((e for e in steps
+                      if e.t >= t_first and e.world_size >= timeline.world_size), None)
+        if whole is not None:
+            back.setdefault(kind, []).append(whole.t - t_fault)
     in_run = compute_goodput(timeline, steady_window="run").training_goodput
     return RunScore(
         wall_s=report.wall_s, final_step=report.final_step, useful_steps=useful, startup_s=startup,
@@ -99,7 +114,7 @@ def score_run(timeline: RunTimeline, yardstick_s: float | None, *, num_spares: i
                                if yardstick_s and after else None),
         infra_goodput_per_slot=_share(full * world, report.wall_s * (world + num_spares)),
         in_run_goodput=in_run, steady_step_s=steady_step_s(timeline), recovery_s=recovery,
-        recovery_total_s=sum(sum(v) for v in recovery.values()),
+        recovery_total_s=sum(sum(v) for v in recovery.values()), full_world_back_s=back,
         steps_redone=report.steps_redone_total, faults=len(report.faults))
 
 

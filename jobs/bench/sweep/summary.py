@@ -25,6 +25,10 @@ def summarize_faulty(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             kinds.setdefault(kind, []).extend(times)
     out["recovery"] = {k: {"p50": percentile(v, 50), "max": max(v), "n": len(v)}
                        for k, v in sorted(kinds.items())}
+    back = [t for r in ok for times in r["score"].get("full_world_back_s", {}).values()
+            for t in times]
+    out["full_world_back"] = ({"p50": percentile(back, 50), "max": max(back), "n": len(back)}
+                              if back else None)
     out["faults_fired"] = summary([r.get("faults_fired") for r in ok])
     out["faults_planned"] = records[0]["faults_planned"] if records else 0
     for name in ("peak_rss_bytes", "peak_memory_bytes", "cpu_s"):
