@@ -28,26 +28,25 @@ def _bit(s: dict[str, Any], key: str, comparable: bool) -> str:
     return text if comparable else f"{text} (not expected)"
 
 
-def _recovery(s: dict[str, Any], kind: str, planned: int) -> str:
-    """p50 and max over the runs' faults of `kind`; "n of m" when it pools fewer faults than
-    the ok runs planned (`planned` per run): a fault that never fired, or after which the
-    mechanism completed no step, has no recovery time."""
-    entry = s["recovery"].get(kind)
-    if entry is None:
-        return NONE
-    wanted = planned * s["ok"]
+def _pooled(entry: dict[str, Any], wanted: int) -> str:
+    """p50 and max of a pooled entry; "n of m faults" when it pools fewer than `wanted`."""
     pooled = "" if entry["n"] >= wanted else f"; {entry['n']} of {wanted} faults"
     return f"{sec(entry['p50'])} (max {sec(entry['max'])}{pooled})"
+
+
+def _recovery(s: dict[str, Any], kind: str, planned: int) -> str:
+    """p50 and max over the runs' faults of `kind`, against the ok runs' `planned` per run: a
+    fault that never fired, or after which the mechanism completed no step, has no time."""
+    entry = s["recovery"].get(kind)
+    return NONE if entry is None else _pooled(entry, planned * s["ok"])
 
 
 def _back(s: dict[str, Any], planned: int) -> str:
-    """Fault to the full world training again, p50 and max over every fault of the runs, with
-    how many it pools where that is fewer than the ok runs planned."""
+    """Fault to the full world training again, over every fault of the runs."""
     entry, wanted = s.get("full_world_back"), planned * s["ok"]
     if entry is None:
         return NONE if not s["recovery"] else f"not before the last step (0 of {wanted} faults)"
-    pooled = "" if entry["n"] >= wanted else f"; {entry['n']} of {wanted} faults"
-    return f"{sec(entry['p50'])} (max {sec(entry['max'])}{pooled})"
+    return _pooled(entry, wanted)
 
 
 def scenario_table(doc: dict[str, Any], name: str) -> str:
