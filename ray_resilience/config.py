@@ -173,6 +173,12 @@ class ResilienceConfig:
     """Learn the hang timeouts from the intervals observed (None: fixed)."""
     recovery_policy: RecoveryPolicy | None = None
     """Decides what to do about each fault (None: `DefaultRecoveryPolicy` over the two rungs)."""
+    background_imports: str = "auto"
+    """When the checkpoint writers import torch's DCP and the prestarted workers import torch:
+    "at_start" (beside the ranks' start-up), "after_first_step" (off it; saves requested before
+    the writers' import ends are superseded, and a rank lost before the prestarted worker's
+    import ends waits for it), or "auto": at start where every node's ranks hold GPUs and leave
+    cores idle, else after the first step. `Result.control["background_imports"]` says which."""
 
     def __post_init__(self) -> None:
         for name, kind, example in _NESTED:
@@ -182,6 +188,8 @@ class ResilienceConfig:
             check.seconds(f"ResilienceConfig.{name}", getattr(self, name))
         check.number_map("ResilienceConfig.phase_timeouts_s", self.phase_timeouts_s, above=0,
                          fix="Map phase names to seconds, e.g. {'validation': 600.0}.")
+        check.choice("ResilienceConfig.background_imports", self.background_imports,
+                     BACKGROUND_IMPORTS, fix="'auto' decides from each node's cores and GPUs.")
         _check_timing(self)
         _check_timeout_names(self)
         if self.recovery_policy is not None:
@@ -207,6 +215,9 @@ class ResilienceConfig:
         kwargs.setdefault("checkpoint", CheckpointConfig(interval_steps=checkpoint_interval))
         return cls(fault_plan=fault_plan, **kwargs)
 
+
+BACKGROUND_IMPORTS = ("auto", "at_start", "after_first_step")
+"""`ResilienceConfig.background_imports`."""
 
 _NESTED = (("in_process", InProcessConfig, "InProcessConfig(...)"),
            ("in_job", InJobConfig, "InJobConfig(...)"),

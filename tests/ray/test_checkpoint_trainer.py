@@ -105,6 +105,24 @@ def test_writers_import_dcp_only_after_the_first_step(ray_session, token_data_di
     (writer,) = result.checkpoint["stats"]["writers"]
     assert writer["dcp_import"] in ("importing", "done"), writer
     assert writer["dcp_import_started_at"] > loaded, (loaded, writer)
+    imports = result.control["background_imports"]  # "auto" on CPU ranks: after the first step
+    assert (imports["setting"], imports["when"]) == ("auto", "after_first_step"), imports
+    assert "CPU ranks" in imports["reason"], imports
+
+
+@pytest.mark.timeout(300)
+def test_writers_import_dcp_with_the_ranks_when_told(ray_session, token_data_dir, tmp_path):
+    """`background_imports="at_start"` (what "auto" picks on GPU nodes with idle cores): the
+    writers start importing DCP when the ranks have started, before their first step."""
+    resilience = rr.ResilienceConfig.disabled(checkpoint=CheckpointConfig(interval_steps=100),
+                                              background_imports="at_start")
+    result = workload.fit(data_dir=token_data_dir, storage=str(tmp_path), name="warm-early",
+                          max_steps=3, resilience=resilience)
+    assert result.ok, result.error
+    first_step = min(m["time"] for m in result.metrics_history)
+    (writer,) = result.checkpoint["stats"]["writers"]
+    assert writer["dcp_import_started_at"] < first_step, (first_step, writer)
+    assert result.control["background_imports"]["when"] == "at_start"
 
 
 @pytest.mark.timeout(300)

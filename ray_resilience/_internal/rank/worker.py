@@ -128,6 +128,7 @@ class Worker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "cpus": len(os.sched_getaffinity(0)),
                 "runtime_env": _serialized_runtime_env()}
 
     def prewarm(self) -> None:

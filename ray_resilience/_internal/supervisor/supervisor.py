@@ -53,6 +53,7 @@ from ray_resilience._internal.supervisor.state import (
     State,
 )
 from ray_resilience._internal.worker_group.group import WorkerGroup, create_worker_group
+from ray_resilience._internal.worker_group.imports import BackgroundImports
 from ray_resilience.callbacks import Callback, RunEnded, RunStarted, StateChanged
 from ray_resilience.checkpoint.errors import CheckpointError
 from ray_resilience.config import ResilienceConfig, ScalingConfig
@@ -119,6 +120,7 @@ class Supervisor:
             resilience.checkpoint, storage_path=storage_path, storage_filesystem=storage_filesystem,
             run_name=run_name, record=self.record, clock=self._clock, emit=self._dispatcher.emit)
         self._history = FaultHistory()
+        self._imports = BackgroundImports(resilience.background_imports)
         self._preemption = PreemptionWatch()
         self._abort = threading.Event()
         self._t_start, self._t_end = self._clock.time(), 0.0
@@ -260,6 +262,7 @@ class Supervisor:
             self.record.startup_phase("start_workers", t0, self._clock.time())
             if pending is not None:
                 pending.result()
+        self._imports.start_if_idle(group, self._checkpoints)
         self._dispatcher.emit(RunStarted(
             run_name=self.run_name, world_size=self.record.world_size,
             start_step=self._checkpoints.last_commit or 0, t=self._clock.time()))
@@ -384,13 +387,14 @@ class Supervisor:
     def _upkeep(self) -> None:
         """New spares for those a recovery used, once its attempt completed a step (their
         start-up would take CPU from the recovery) or SPARE_REPLENISH_MAX_DELAY_S after it
-        started; prestarted workers once the attempt completed a step."""
+        started; prestarted workers once the attempt completed a step (at once where the
+        background imports start with the ranks)."""
         group, reached = self._group, self.record.reached_by_attempt.get(self._attempt)
         if group.spares_pending:
             launched = self.record.launched_at.get(self._attempt, 0.0)
             if reached is not None or self._clock.time() - launched >= SPARE_REPLENISH_MAX_DELAY_S:
                 group.replenish_spares(self._history.excluded_nodes)
-        if group.prestart_pending and reached is not None:
+        if group.prestart_pending and (reached is not None or self._imports.at_start):
             group.prestart()
 
     def _on_fault(self, fault: DetectedFault) -> State:
@@ -483,7 +487,8 @@ class Supervisor:
     def _control_summary(self) -> dict[str, Any]:
         return {"batches": self.record.num_batches, "reports": self.record.num_reports,
                 "agent_restarts": self._agent_restarts, "metrics_log": self._metrics_log.path,
-                "metrics_log_bytes": self._metrics_log.bytes_written}
+                "metrics_log_bytes": self._metrics_log.bytes_written,
+                "background_imports": self._imports.summary()}
 
 
 def _open_metrics_log(storage_path: str, storage_filesystem: Any, run_name: str,

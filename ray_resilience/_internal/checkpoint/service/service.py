@@ -124,7 +124,8 @@ class CheckpointService:
 
     def warm(self) -> None:
         """Has every writer start importing DCP (the first write needs it; the run calls this
-        after its first step so the import does not slow the ranks' start-up); returns at once.
+        after its first step so the import does not slow the ranks' start-up, or with the ranks
+        on nodes with idle cores); returns at once.
         A dead writer's call fails unseen: its replacement is warmed by the next call."""
         for handle in self._writer_handles():
             handle.warm.remote()

@@ -18,7 +18,8 @@ class WarmImport:
     """Imports `modules` on a daemon thread once `start` is called (or the first `wait` or
     `loads` needs them). Deferred because importing torch costs ~2 CPU-seconds, which on a
     small node is taken from the ranks' own start-up (their imports, first step) when it runs
-    beside it: the supervisor starts it after the run's first step. The thread exists from
+    beside it: the supervisor starts it after the run's first step (with the ranks where the
+    nodes have idle cores: `worker_group/imports.py`). The thread exists from
     construction (`thread_id`), so a writer that lowers its other threads can leave this one at
     the ranks' priority: a writer replacing one lost with a node imports at once, and the run
     has no durable commit until it has."""

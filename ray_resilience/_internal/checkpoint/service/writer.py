@@ -103,9 +103,10 @@ class CheckpointWriter:
         self._last_error: str | None = None
         self._local = RootLock(node_root(local_root)) if local_root is not None else None
         """Holds the run's local-tier folder on this node (removed when the run ends)."""
-        # DCP is imported once `warm` is called (after the run's first step: not beside the
-        # ranks' own start-up) or the first message needs it, at the ranks' priority (its thread
-        # is kept out of the lowering below): no commit is made before it is done.
+        # DCP is imported once `warm` is called (after the run's first step, not beside the
+        # ranks' own start-up, unless the node has idle cores: worker_group/imports.py) or the
+        # first message needs it, at the ranks' priority (its thread is kept out of the
+        # lowering below): no commit is made before it is done.
         # With no periodic saves (local tier only) nothing may ever arrive: nothing to import.
         self._warm = (WarmImport("ray_resilience._internal.checkpoint.format.shard_io",
                                  "ray_resilience._internal.checkpoint.format.dcp_metadata")
