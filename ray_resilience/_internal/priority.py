@@ -69,6 +69,20 @@ def lower_thread(how: str, tid: int = 0, *, base: int | None = None) -> str:
     return "normal"
 
 
+def restore_thread(tid: int) -> bool:
+    """Puts thread `tid` back at the calling thread's priority (SCHED_OTHER, its nice value):
+    for a background thread whose work became what the caller waits for. Leaving SCHED_IDLE or
+    raising a nice value needs CAP_SYS_NICE or RLIMIT_NICE; without them, or when the thread
+    is gone, returns False and changes nothing."""
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, base)
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
 def defer_wakeups() -> bool:
     """Puts the calling thread under `SCHED_BATCH`: same CPU share, but its wake-ups never
     preempt the running thread. For threads a save wakes, which otherwise preempted the training

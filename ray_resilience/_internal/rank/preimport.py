@@ -49,8 +49,11 @@ _NORMAL_PRIORITY_MODULES = ("numpy", "pyarrow")
 
 _thread: threading.Thread | None = None
 _claimed = threading.Event()
+_priority_lock = threading.Lock()
+"""Orders the import thread's lowering of itself against a claim's raising it back."""
 stats: dict[str, Any] = {}
-"""What the preimport did here: `started`, `ended`, `seconds`, `policy`, `error`."""
+"""What the preimport did here: `started`, `ended`, `seconds`, `policy`, `error`, and whether
+an import a rank's claim found unfinished runs at the rank's priority from then on (`raised`)."""
 
 
 def rank_env_vars(user_env: dict[str, str] | None, key: str) -> dict[str, str]:
@@ -139,12 +142,23 @@ def start_preimport(modules: tuple[str, ...] = PREIMPORT_MODULES) -> None:
 
 def claim() -> float:
     """Marks the process as taken by a rank and waits for the background import; returns the
-    seconds waited."""
+    seconds waited. An import still running is now what a recovery waits for: its thread goes
+    back to the rank's priority first (at SCHED_IDLE any busy thread on the node would starve
+    it), where the process may raise it (`stats["raised"]`)."""
     _claimed.set()
     thread = _thread
     if thread is None or not thread.is_alive():
         return 0.0
     t0 = time.monotonic()
+    if thread.native_id is not None:
+        from ray_resilience._internal.priority import restore_thread  # noqa: PLC0415 - as in _preimport
+
+        with _priority_lock:
+            stats["raised"] = stats.get("policy") in (None, "normal") or \
+                restore_thread(thread.native_id)
+        if not stats["raised"]:
+            log.info("rank pre-import: could not raise the unfinished import's priority (no "
+                     "CAP_SYS_NICE or RLIMIT_NICE); waiting for it at SCHED_IDLE")
     thread.join()
     return time.monotonic() - t0
 
@@ -155,7 +169,8 @@ def _preimport(modules: tuple[str, ...]) -> None:
     try:
         from ray_resilience._internal.priority import lower_thread  # noqa: PLC0415 - inside the try: may not fail the hook
 
-        stats["policy"] = lower_thread("idle")
+        with _priority_lock:  # a claim that came first keeps the import at the rank's priority
+            stats["policy"] = "normal" if _claimed.is_set() else lower_thread("idle")
 
         for name in modules:
             importlib.import_module(name)
