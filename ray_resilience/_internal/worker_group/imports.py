@@ -27,7 +27,7 @@ IMPORT_CORES = 2
 def idle_cores_reason(info: Sequence[dict[str, Any]]) -> str | None:
     """Why the nodes hosting `info`'s ranks (each a rank's `info()`) have idle cores for the
     imports, or None when some node has not: every rank there holds a GPU and the node's cores
-    (those the rank processes may run on) exceed what its ranks and the imports keep busy."""
+    (those the rank processes may run on) cover what its ranks and the imports keep busy."""
     nodes: dict[str, list[dict[str, Any]]] = {}
     for item in info:
         nodes.setdefault(str(item.get("node_id")), []).append(item)
