@@ -265,7 +265,10 @@ def test_a_checkpoint_rerun_of_one_size_replaces_only_its_rows_and_sitting(tmp_p
 
 def test_the_checkpoint_section_names_the_sitting_of_each_size() -> None:
     base = {"command": "c1", "date_utc": "d1", "duration_s": 1.0, "reps": 1, "quick": True}
-    doc = {**base, "rows": [{"size": size} for size in ("tiny", "1gb")], "sittings": {
+    # A rerun of tiny alone appended its rows after 1gb's: the page still goes by state size.
+    doc = {**base, "rows": [{"size": "1gb", "state_mb": 2004.0, "interval": 5},
+                            {"size": "tiny", "state_mb": 1.48, "interval": 10},
+                            {"size": "tiny", "state_mb": 1.48, "interval": 1}], "sittings": {
         "tiny": base, "1gb": {**base, "command": "c2", "reps": 3, "quick": False}}}
     failures = [{"size": "1gb", "method": "nvrx_local", "interval": 5, "rep": 1,
                  "error": "OutOfMemoryError: killed"}]
@@ -275,6 +278,8 @@ def test_the_checkpoint_section_names_the_sitting_of_each_size() -> None:
     assert "Failed" not in produced[0]
     assert produced[1] == ("- 1gb: `c2` on d1 (1 s, 3 repetition(s)). Failed, left out of its "
                            "row: nvrx_local every 5 in repetition 1 (OutOfMemoryError: killed).")
+    assert [(r["size"], r["interval"]) for r in checkpoint._rows(doc)] == [
+        ("tiny", 1), ("tiny", 10), ("1gb", 5)]
 
 
 def test_the_overhead_section_judges_the_paired_mean_step_against_each_budget() -> None:

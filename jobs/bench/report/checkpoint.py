@@ -68,10 +68,20 @@ def _pair_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows from the smallest state to the largest, each size's intervals ascending (a rerun
+    of some sizes appends theirs after the sizes it kept)."""
+    smallest: dict[str, float] = {}
+    for row in doc["rows"]:
+        mb_ = row.get("state_mb", 0.0)
+        smallest[row["size"]] = min(mb_, smallest.get(row["size"], mb_))
+    return sorted(doc["rows"], key=lambda r: (smallest[r["size"]], r.get("interval", 0)))
+
+
 def _sittings(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Size -> the invocation that measured it (older documents: one for every size)."""
     given = doc.get("sittings", {})
-    return {size: given.get(size, doc) for size in dict.fromkeys(r["size"] for r in doc["rows"])}
+    return {size: given.get(size, doc) for size in dict.fromkeys(r["size"] for r in _rows(doc))}
 
 
 def _produced(size: str, sitting: dict[str, Any], failures: list[dict[str, Any]]) -> str:
@@ -99,7 +109,7 @@ def section(doc: dict[str, Any]) -> str:
     out += [_produced(size, sitting, failures)
             for size, sitting in _sittings(doc).items()] + [""]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for row in doc["rows"]:
+    for row in _rows(doc):
         groups.setdefault((row["size"], row["interval"]), []).append(row)
     for (size, interval), rows in groups.items():
         out += [f"### {size} ({mb(rows[0]['state_mb'])} of state on 2 ranks), save every "
