@@ -66,6 +66,12 @@ def _wait_listening(host: str, port: int, timeout_s: float) -> None:
             time.sleep(interval_s)
 
 
+def _usable_cpus() -> int:
+    """Cores this process may run on (its affinity; off Linux, the machine's count)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+
+
 def _serialized_runtime_env() -> str | None:
     """This actor's runtime env as the raylet keys worker processes (None if Ray's internals moved).
     """
@@ -128,7 +134,7 @@ class Worker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "cpus": len(os.sched_getaffinity(0)),
+                "cpus": _usable_cpus(),
                 "runtime_env": _serialized_runtime_env()}
 
     def prewarm(self) -> None:
