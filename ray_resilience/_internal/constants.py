@@ -106,6 +106,11 @@ DEFAULT_REPLICA_CHUNK_BYTES = float(64 * 2**20)
 TEST_COPY_DELAY_ENV_VAR = "RAY_RESILIENCE_TEST_SNAPSHOT_COPY_DELAY_S"
 """Tests only: each save's background copy starts this late, so what races it can be shown."""
 
+ALLOCATOR_ENV_VARS = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_",
+                      "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+"""glibc's allocator settings, read once at process start: the driver's reach the rank processes
+(and teardown leaves freed memory to a process told to keep it; docs/design.md, section 8)."""
+
 FORWARDED_ENV_VARS = (
     ALLOW_PENDING_RESOURCES_ENV_VAR, SHUTDOWN_TIMEOUT_ENV_VAR, SLOW_WAIT_WARNING_ENV_VAR,
     ERROR_GRACE_ENV_VAR, HEALTH_TIMEOUT_ENV_VAR, SPARE_REPLENISH_MAX_DELAY_ENV_VAR,
@@ -117,6 +122,7 @@ FORWARDED_ENV_VARS = (
     LOCAL_PROBE_STEPS_ENV_VAR,
     REPLICA_CHUNK_BYTES_ENV_VAR,
     TEST_COPY_DELAY_ENV_VAR,
+    *ALLOCATOR_ENV_VARS,
 )
 
 

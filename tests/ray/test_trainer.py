@@ -10,6 +10,7 @@ import ray._private.state as gcs
 import torch
 
 import ray_resilience as rr
+from ray_resilience._internal.process_groups.heap import keeps_freed_memory
 from ray_resilience._internal.rank.actor import WorkerActor
 from ray_resilience._internal.supervisor.supervisor import Supervisor
 from ray_resilience.errors import TrainingFailedError, WorkerError
@@ -93,14 +94,19 @@ def test_user_exception_fails_with_type_rank_and_traceback(ray_session, token_da
 
 
 @pytest.mark.timeout(60)
-def test_context_and_env_vars(ray_session, tmp_path):
+def test_context_and_env_vars(ray_session, tmp_path, monkeypatch):
+    keep = str(1 << 30)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", keep)  # the driver's allocator settings
+
     def loop():
+
         ctx = rr.get_context()
         return {"rank": ctx.world_rank, "world": ctx.world_size, "local": ctx.local_rank,
                 "node": ctx.node_rank, "attempt": ctx.attempt, "device": str(ctx.device),
                 "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
                                                    "MASTER_ADDR", "MASTER_PORT")},
-                "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+                "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                "trim": os.environ.get("MALLOC_TRIM_THRESHOLD_"), "keeps": keeps_freed_memory()}
 
     result = rr.ResilientTrainer(
         loop, scaling_config=rr.ScalingConfig(num_workers=2),
@@ -112,6 +118,8 @@ def test_context_and_env_vars(ray_session, tmp_path):
         assert value["node"] == 0 and value["attempt"] == 0 and value["device"] == "cpu"
         assert value["env"]["RANK"] == str(rank) and value["env"]["WORLD_SIZE"] == "2"
         assert value["nice"] == 0  # as under torchrun, not the nice 15 Ray gives its workers
+        # reach the rank processes, whose teardown then leaves freed memory for the next attempt
+        assert value["trim"] == keep and value["keeps"] == "MALLOC_TRIM_THRESHOLD_"
     envs = [value["env"] for value in result.return_values]
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
     # The start-up is timed: the supervisor's steps and each rank process's, in order.
