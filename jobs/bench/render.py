@@ -26,6 +26,7 @@ from report import (  # noqa: E402 - after the path set-up
     control_plane,
     gpu,
     overhead,
+    rebuild,
     recovery,
     targets,
     tiers,
@@ -70,6 +71,13 @@ def load_overhead_checks(results_dir: str) -> list[tuple[str, dict]]:
     """Before/after sittings of the overhead benchmark: (file name, document)."""
     paths = sorted(glob.glob(os.path.join(results_dir, "overhead-checks", "*.json")))
     return [(os.path.basename(p), read_json(p)) for p in paths]
+
+
+def load_rebuild(results_dir: str) -> list[dict]:
+    """The in-process rebuild probe's results (`rebuild/rebuild-<size>.json`), by size."""
+    docs = [read_json(p) for p in glob.glob(os.path.join(results_dir, "rebuild", "*.json"))]
+    return sorted(docs, key=lambda d: SIZE_ORDER.index(d["size"])
+                  if d["size"] in SIZE_ORDER else len(SIZE_ORDER))
 
 
 def load_gpu(results_dir: str) -> dict | None:
@@ -135,6 +143,9 @@ def render(results_dir: str) -> str:
     checks = overhead.checks_section(oh, load_overhead_checks(results_dir))
     if checks:
         parts += [checks, ""]
+    rebuilt = rebuild.section(load_rebuild(results_dir))
+    if rebuilt:
+        parts += [rebuilt, ""]
     tier_doc = load_tiers(results_dir)
     if tier_doc is not None:
         parts += [tiers.section(tier_doc), ""]

@@ -18,7 +18,7 @@ if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
 import render  # noqa: E402 - after the path set-up above
-from report import checkpoint, overhead, prose, recovery, targets  # noqa: E402
+from report import checkpoint, overhead, prose, rebuild, recovery, targets  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -339,3 +339,26 @@ def test_the_recovery_before_after_summary_reads_the_committed_check(check: str)
     assert [found[("tiny", label)]["runs"] for label in ("before", "after")] == [6, 6]
     assert all(s["bit_equal"] for s in found.values())
     assert all(s["startup_s"] + s["after_startup_s"] > 0 for s in found.values())
+
+
+def _probe_run(variant: str, steady: float, first: float, env: dict | None = None) -> dict:
+    return {"variant": variant, "env": env or {}, "summary": {
+        "steady_step_s": steady, "after_rebuild_first_step_s": first,
+        "after_rebuild_later_step_s": steady, "steady_step_faults": 10.0,
+        "after_rebuild_first_step_faults": 9000.0}}
+
+
+def test_the_rebuild_section_gives_each_allocator_variant_its_medians() -> None:
+    doc = {"size": "200mb", "command": "python probe", "started": "2026-12-06 18:14 UTC",
+           "runs": [_probe_run("trim", 0.6, 0.8), _probe_run("keep", 0.5, 0.52,
+                                                              {"MALLOC_ARENA_MAX": "1"}),
+                    _probe_run("trim", 0.62, 0.76), _probe_run("keep", 0.54, 0.56,
+                                                               {"MALLOC_ARENA_MAX": "1"})]}
+    text = rebuild.section([doc])
+    rows = {line.split(" | ")[1]: line for line in text.splitlines()
+            if line.startswith("| 200mb")}
+    assert list(rows) == ["trim", "keep"]  # in the order the sitting ran them
+    assert "| 610.0 ms | 780.0 ms |" in rows["trim"] and "| 170.0 ms |" in rows["trim"]
+    assert "| 520.0 ms | 540.0 ms |" in rows["keep"] and "MALLOC_ARENA_MAX=1" in rows["keep"]
+    assert "`python probe` on 2026-12-06 18:14 UTC" in text
+    assert rebuild.section([]) == ""
