@@ -32,6 +32,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [BENCH, os.path.dirname(os.path.dirname(BENCH))]
 
 from harness.sizes import SIZES  # noqa: E402 - after the path set-up above
+from overhead.rebuild_probe import KEEP_ENV  # noqa: E402
 from peers import MECHANISMS, SWEPT  # noqa: E402
 from sweep import machine  # noqa: E402
 from sweep.journal import JournalMismatch, SweepPaused  # noqa: E402
@@ -72,6 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default=None, help="scratch folder for run folders "
                                                 "(default /tmp/rrbench-<time>)")
     p.add_argument("--run-timeout-s", type=float, default=1200.0)
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="run every mechanism's processes with glibc told to keep freed memory "
+                        "(overhead/rebuild_probe.py's KEEP_ENV, in the environment each run "
+                        "inherits; docs/design.md, section 8); default: glibc as it comes")
     p.add_argument("--resume", action="store_true",
                    help="go on with the sweep whose journal is in --work (needs --work as "
                         "given before)")
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python jobs/bench/bench_recovery.py " + shlex.join(sys.argv[1:] if argv is None
                                                                    else argv)
+    allocator_env = dict(KEEP_ENV) if args.keep_freed_memory else {}
+    os.environ.update(allocator_env)  # every run's processes inherit it, every mechanism's alike
     for name in args.sizes:
         scenarios = tuple(s for s in args.scenarios if s == "aws" or name in args.side_sizes)
         cfg = SweepConfig(mechanisms=args.mechanisms, scenarios=scenarios, reps=args.reps,
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         except SweepPaused as exc:
             print(f"[{name}] {exc}", flush=True)
             return 3
-        document = {"benchmark": "recovery", **info, **body,
+        document = {"benchmark": "recovery", **info, **body, "allocator_env": allocator_env,
                     "duration_s": round(time.time() - started, 1), **sweep.sittings()}
         document["machine"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
         print(f"wrote {write_json(os.path.join(args.out, f'recovery-{name}.json'), document)}")

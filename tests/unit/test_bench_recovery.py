@@ -209,6 +209,8 @@ def test_cli_defaults_and_validation(tmp_path) -> None:
     assert set(full.scenarios) == {"aws", "hang", "node_loss"}
     assert full.deadline is None and not full.resume
     assert (full.ref_reps, quick.ref_reps) == (3, 1)
+    assert not full.keep_freed_memory
+    assert bench_recovery.parse_args(["--keep-freed-memory"]).keep_freed_memory
     later = bench_recovery.parse_args(["--stop-at", "23:59"])
     assert 0 < later.deadline - time.time() <= 24 * 3600
     for bad in (["--mechanisms", "slurm"], ["--sizes", "huge"], ["--reps", "-1"],

@@ -362,3 +362,13 @@ def test_the_rebuild_section_gives_each_allocator_variant_its_medians() -> None:
     assert "| 520.0 ms | 540.0 ms |" in rows["keep"] and "MALLOC_ARENA_MAX=1" in rows["keep"]
     assert "`python probe` on 2026-12-06 18:14 UTC" in text
     assert rebuild.section([]) == ""
+
+
+def test_a_sitting_run_with_glibc_keeping_freed_memory_says_so() -> None:
+    docs, _ = render.load(RESULTS)
+    doc = copy.deepcopy(docs[0])
+    assert "glibc told to keep" not in recovery.section(doc, None)  # committed: glibc as it comes
+    doc["allocator_env"] = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0"}
+    text = recovery.section(doc, None)
+    assert ("Every mechanism's processes ran with glibc told to keep freed memory "
+            "(`MALLOC_ARENA_MAX=1` `MALLOC_MMAP_MAX_=0`") in text

@@ -49,6 +49,16 @@ def _back(s: dict[str, Any], planned: int) -> str:
     return _pooled(entry, wanted)
 
 
+def _allocator(doc: dict) -> str:
+    """Names glibc's allocator settings where the sitting ran every mechanism with them."""
+    env = doc.get("allocator_env")
+    if not env:
+        return ""
+    return (" Every mechanism's processes ran with glibc told to keep freed memory ("
+            + " ".join(f"`{k}={v}`" for k, v in env.items())
+            + "; `--keep-freed-memory`, docs/design.md, section 8).")
+
+
 def scenario_table(doc: dict[str, Any], name: str) -> str:
     scenario = doc["scenarios"][name]
     kinds = sorted({f["kind"] for f in scenario["plan"]["faults"]})
@@ -204,7 +214,7 @@ def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str
             + (f"{stick['mechanism']}'s fault-free steady step, {ms(stick['step_s'])}."
                if stick else "none (no fault-free run finished).")
             + f" Hang detection timeout, the same for every mechanism: "
-              f"{size['detect_timeout_s']:g} s.{_rescored(doc)}", ""]
+              f"{size['detect_timeout_s']:g} s.{_rescored(doc)}{_allocator(doc)}", ""]
     for name, scenario in doc["scenarios"].items():
         out += [f"### {SCENARIO_TITLES.get(name, name)}", "",
                 f"Plan: {_plan(scenario['plan'])}.", "", scenario_table(doc, name), ""]
