@@ -5,7 +5,9 @@ say where ours loses, with the numbers of the results."""
 from __future__ import annotations
 
 import copy
+import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -372,3 +374,19 @@ def test_a_sitting_run_with_glibc_keeping_freed_memory_says_so() -> None:
     text = recovery.section(doc, None)
     assert ("Every mechanism's processes ran with glibc told to keep freed memory "
             "(`MALLOC_ARENA_MAX=1` `MALLOC_MMAP_MAX_=0`") in text
+
+
+def test_a_kept_memory_sitting_renders_after_the_main_ones_outside_the_targets(tmp_path) -> None:
+    shutil.copy(os.path.join(RESULTS, "recovery-tiny.json"), tmp_path)
+    main_page = render.render(str(tmp_path))
+    docs, _ = render.load(RESULTS)
+    kept = copy.deepcopy(next(d for d in docs if d["size"]["name"] == "200mb"))
+    kept["allocator_env"] = {"MALLOC_ARENA_MAX": "1"}
+    os.makedirs(tmp_path / render.KEPT_DIR)
+    with open(tmp_path / render.KEPT_DIR / "recovery-200mb.json", "w", encoding="utf-8") as f:
+        json.dump(kept, f)
+    page = render.render(str(tmp_path))
+    assert "## Recovery: 200mb, glibc keeping freed memory (" in page
+    assert page.index("## Recovery: tiny") < page.index("## Recovery: 200mb, glibc")
+    targets_of = lambda text: text.split("## Targets", 1)[1].split("\n## ", 1)[0]  # noqa: E731
+    assert targets_of(page) == targets_of(main_page)  # judged on glibc as it comes only

@@ -201,8 +201,9 @@ def resume_points(doc: dict[str, Any], timelines: dict[str, Any] | None, name: s
 
 def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str:
     size = doc["size"]
-    out = [f"## Recovery: {size['name']} ({mb(size['state_bytes_per_rank'] / 1e6)} of state "
-           f"per rank, {doc['max_steps']} steps)", ""]
+    kept = ", glibc keeping freed memory" if doc.get("allocator_env") else ""
+    out = [f"## Recovery: {size['name']}{kept} ({mb(size['state_bytes_per_rank'] / 1e6)} of "
+           f"state per rank, {doc['max_steps']} steps)", ""]
     if doc["quick"]:
         out += ["**Quick run** (`--quick`: short runs, 1 repetition, a shared and noisy machine): "
                 "it shows the harness works, not where the mechanisms stand.", ""]
