@@ -85,7 +85,8 @@ def load_overhead_checks(results_dir: str) -> list[tuple[str, dict]]:
 
 def load_rebuild(results_dir: str) -> list[dict]:
     """The in-process rebuild probe's results (`rebuild/rebuild-<size>.json`), by size."""
-    docs = [read_json(p) for p in glob.glob(os.path.join(results_dir, "rebuild", "*.json"))]
+    paths = sorted(glob.glob(os.path.join(results_dir, "rebuild", "*.json")))
+    docs = [read_json(p) for p in paths]
     return sorted(docs, key=lambda d: SIZE_ORDER.index(d["size"])
                   if d["size"] in SIZE_ORDER else len(SIZE_ORDER))
 

@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -35,7 +36,7 @@ def resident_bytes() -> int:
 TRIM_THRESHOLD_TUNABLE = "glibc.malloc.trim_threshold"
 
 
-def keeps_freed_memory(env: dict[str, str] | os._Environ = os.environ) -> str | None:
+def keeps_freed_memory(env: Mapping[str, str] = os.environ) -> str | None:
     """The glibc setting in `env` that tells the process to keep the memory it frees
     (`MALLOC_TRIM_THRESHOLD_`, or the trim threshold in `GLIBC_TUNABLES`), or None."""
     if "MALLOC_TRIM_THRESHOLD_" in env:
