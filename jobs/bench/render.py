@@ -46,6 +46,10 @@ KEPT_DIR = "recovery-keep-freed-memory"
 """Recovery sittings that ran every mechanism with glibc keeping freed memory
 (`bench_recovery.py --keep-freed-memory`): rendered after the main ones, left out of the
 targets, which judge the sittings with glibc as it comes."""
+SIDE_DIR = "recovery-side-scenarios"
+"""Sittings of the hang and node-loss scenarios alone (`--scenarios hang,node_loss`) for sizes
+whose main sitting ran the AWS schedule only: each rendered right after its size's main section,
+with its own calibration, references and yardstick; the targets judge the main sittings."""
 
 
 def _recovery_docs(folder: str) -> list[dict]:
@@ -142,7 +146,14 @@ def render(results_dir: str) -> str:
     section = targets.section(docs)
     if section:
         parts += [section, ""]
-    parts += [f"{recovery.section(d, load_timelines(results_dir, d))}\n" for d in docs]
+    side_dir = os.path.join(results_dir, SIDE_DIR)
+    side = {d["size"]["name"]: d for d in _recovery_docs(side_dir)}
+    for doc in docs:
+        parts.append(f"{recovery.section(doc, load_timelines(results_dir, doc))}\n")
+        extra = side.pop(doc["size"]["name"], None)
+        if extra is not None:
+            parts.append(f"{recovery.section(extra, load_timelines(side_dir, extra))}\n")
+    parts += [f"{recovery.section(d, load_timelines(side_dir, d))}\n" for d in side.values()]
     kept_dir = os.path.join(results_dir, KEPT_DIR)
     parts += [f"{recovery.section(d, load_timelines(kept_dir, d))}\n"
               for d in _recovery_docs(kept_dir)]

@@ -390,3 +390,25 @@ def test_a_kept_memory_sitting_renders_after_the_main_ones_outside_the_targets(t
     assert page.index("## Recovery: tiny") < page.index("## Recovery: 200mb, glibc")
     targets_of = lambda text: text.split("## Targets", 1)[1].split("\n## ", 1)[0]  # noqa: E731
     assert targets_of(page) == targets_of(main_page)  # judged on glibc as it comes only
+
+
+def test_a_side_scenarios_sitting_renders_after_its_sizes_main_section(tmp_path) -> None:
+    for name in ("recovery-tiny.json", "recovery-200mb.json"):
+        shutil.copy(os.path.join(RESULTS, name), tmp_path)
+    main_page = render.render(str(tmp_path))
+    docs, _ = render.load(RESULTS)
+    side = copy.deepcopy(next(d for d in docs if d["size"]["name"] == "tiny"))
+    side["scenarios"] = {k: v for k, v in side["scenarios"].items() if k != "aws"}
+    assert set(side["scenarios"]) == {"hang", "node_loss"}
+    os.makedirs(tmp_path / render.SIDE_DIR)
+    with open(tmp_path / render.SIDE_DIR / "recovery-tiny.json", "w", encoding="utf-8") as f:
+        json.dump(side, f)
+    page = render.render(str(tmp_path))
+    heading = "## Recovery: tiny, hangs and node loss in a sitting of their own ("
+    assert heading in page
+    assert (page.index("## Recovery: tiny (") < page.index(heading)
+            < page.index("## Recovery: 200mb ("))
+    side_section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert "### Hangs" in side_section and "### AWS" not in side_section
+    targets_of = lambda text: text.split("## Targets", 1)[1].split("\n## ", 1)[0]  # noqa: E731
+    assert targets_of(page) == targets_of(main_page)  # judged on the main sittings only

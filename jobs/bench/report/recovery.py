@@ -14,6 +14,7 @@ SCENARIO_TITLES = {
     "hang": "Hangs (a rank stops stepping)",
     "node_loss": "Node loss (simulated multi-node Ray cluster)",
 }
+SIDE_TITLES = {"hang": "hangs", "node_loss": "node loss"}
 
 
 def _plan(plan: dict[str, Any]) -> str:
@@ -201,8 +202,11 @@ def resume_points(doc: dict[str, Any], timelines: dict[str, Any] | None, name: s
 
 def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str:
     size = doc["size"]
-    kept = ", glibc keeping freed memory" if doc.get("allocator_env") else ""
-    out = [f"## Recovery: {size['name']}{kept} ({mb(size['state_bytes_per_rank'] / 1e6)} of "
+    label = ", glibc keeping freed memory" if doc.get("allocator_env") else ""
+    if "aws" not in doc["scenarios"]:
+        label += (", " + " and ".join(SIDE_TITLES.get(n, n) for n in doc["scenarios"])
+                 + " in a sitting of their own")
+    out = [f"## Recovery: {size['name']}{label} ({mb(size['state_bytes_per_rank'] / 1e6)} of "
            f"state per rank, {doc['max_steps']} steps)", ""]
     if doc["quick"]:
         out += ["**Quick run** (`--quick`: short runs, 1 repetition, a shared and noisy machine): "
