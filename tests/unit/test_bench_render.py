@@ -410,5 +410,7 @@ def test_a_side_scenarios_sitting_renders_after_its_sizes_main_section(tmp_path)
             < page.index("## Recovery: 200mb ("))
     side_section = page.split(heading, 1)[1].split("\n## ", 1)[0]
     assert "### Hangs" in side_section and "### AWS" not in side_section
+    assert "AWS schedule" not in side_section.split("\n\n", 2)[1]  # the sitting ran none
+    assert "AWS schedule 3 repetition(s)" in page.split(heading, 1)[0]  # the main one did
     targets_of = lambda text: text.split("## Targets", 1)[1].split("\n## ", 1)[0]  # noqa: E731
     assert targets_of(page) == targets_of(main_page)  # judged on the main sittings only

@@ -213,7 +213,8 @@ def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str
                 "it shows the harness works, not where the mechanisms stand.", ""]
     stick = doc.get("yardstick")
     out += [f"Produced by `{doc['command']}` on {doc['date_utc']} ({doc['duration_s']:.0f} s; "
-            f"AWS schedule {doc['reps']} repetition(s), fault-free reference "
+            + (f"AWS schedule {doc['reps']} repetition(s), " if "aws" in doc["scenarios"] else "")
+            + "fault-free reference "
             f"{doc.get('ref_reps', 1)}, other scenarios {doc.get('side_reps', doc['reps'])}; "
             f"medians with min–max{_sittings(doc)}). Yardstick: "
             + (f"{stick['mechanism']}'s fault-free steady step, {ms(stick['step_s'])}."
