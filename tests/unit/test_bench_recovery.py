@@ -237,6 +237,24 @@ def test_every_mechanism_says_how_it_is_configured_and_what_it_cannot_run() -> N
     assert "NCCL" in make_peer("nvrx-inprocess").available()
 
 
+def test_the_replica_variant_is_ours_with_one_memory_replica_and_runs_only_where_named(
+        tmp_path) -> None:
+    from peers import SWEPT, family  # noqa: PLC0415
+
+    replica, ours = make_peer("ours-replica"), make_peer("ours")
+    workload = Workload(max_steps=10, checkpoint_interval=2, local_interval=1,
+                        local_root=str(tmp_path), data_dir=str(tmp_path), run_dir=str(tmp_path))
+    assert replica._checkpoint_config(workload).memory_replicas == 1
+    assert ours._checkpoint_config(workload).memory_replicas == 0
+    assert replica._checkpoint_config(workload).interval_steps == 2
+    assert "replica" in replica.config and "replica" not in ours.config
+    assert replica.supported_kinds == ours.supported_kinds
+    assert family("ours-replica") == "fsdp"
+    assert "ours-replica" not in SWEPT and "ours" in SWEPT
+    assert bench_recovery.parse_args(["--mechanisms", "ours,ours-replica"]).mechanisms == (
+        "ours", "ours-replica")
+
+
 def test_a_sweep_stopped_at_its_deadline_resumes_without_running_anything_twice(
         tmp_path, monkeypatch) -> None:
     from sweep import recovery  # noqa: PLC0415

@@ -15,6 +15,7 @@ MECHANISMS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "ours": ("ours_peer", "OursPeer", {"variant": "default"}),
     "ours-spare": ("ours_peer", "OursPeer", {"variant": "spare"}),
     "ours-all": ("ours_peer", "OursPeer", {"variant": "all"}),
+    "ours-replica": ("ours_peer", "OursPeer", {"variant": "replica"}),
     "torchrun": ("torchrun_peer", "TorchrunPeer", {}),
     "ft-launcher": ("nvrx_peer", "NvrxPeer", {}),
     "ray-train": ("ray_train_peer", "RayTrainPeer", {}),
@@ -31,12 +32,15 @@ MECHANISMS: dict[str, tuple[str, str, dict[str, Any]]] = {
 #: saves nothing, `ours-nolocal` keeps no local tier, `torchrun-dcp` is torchrun whose arm in
 #: that benchmark saves with DCP async only, the same steps as `ours-nolocal`).
 OVERHEAD_ONLY = ("ours-disabled", "ours-nockpt", "ours-nolocal", "torchrun-dcp")
-#: What the recovery sweep runs by default: every mechanism but the overhead-only arms.
-SWEPT = tuple(m for m in MECHANISMS if m not in OVERHEAD_ONLY)
+#: Run only where named: ours with a memory replica, a node-loss variant (see ours_peer).
+NAMED_ONLY = ("ours-replica",)
+#: What the recovery sweep runs by default: every mechanism but the overhead-only arms and
+#: those run only where named.
+SWEPT = tuple(m for m in MECHANISMS if m not in OVERHEAD_ONLY + NAMED_ONLY)
 #: Mechanisms that train the same FSDP-sharded model with the same optimizer, world size and
 #: data: their final parameters must be bit-equal to each other's fault-free ones.
-FSDP_FAMILY = ("ours", "ours-spare", "ours-all", "torchrun", "ft-launcher", "ray-train",
-               "torchrun-dcp")
+FSDP_FAMILY = ("ours", "ours-spare", "ours-all", "ours-replica", "torchrun", "ft-launcher",
+               "ray-train", "torchrun-dcp")
 #: Replicated-model mechanisms (torchft's replica groups): bit-equal to each other fault-free.
 REPLICA_FAMILY = ("torchft", "torchft-ckpt", "ray-train-torchft")
 #: Mechanisms whose faulty runs are not expected to equal a fault-free run (see torchft_peer).

@@ -1,4 +1,4 @@
-"""Ours: `ray_resilience.ResilientTrainer` as a user configures it, in six variants.
+"""Ours: `ray_resilience.ResilientTrainer` as a user configures it, in seven variants.
 
 - ours: `ResilienceConfig.default(...)`: in-process restart for exceptions and hangs, failed
   ranks respawned (`InJobConfig(policy="replace-failed")`), async checkpoints through writer
@@ -6,6 +6,10 @@
 - ours-spare: the same with one warm spare actor (`InJobConfig(num_spares=1)`): one more rank
   slot held idle, charged in infra goodput per slot;
 - ours-all: `InJobConfig(policy="all")`: every rank is replaced (what ft_launcher does);
+- ours-replica: the defaults plus `CheckpointConfig(memory_replicas=1)`: every writer also holds
+  another node's newest committed shards, so the ranks of a lost node restore from a live
+  node's memory instead of storage (what a user who fears node loss adds; it doubles the
+  memory tier); run where named (`--mechanisms`), not by default;
 - ours-disabled: `ResilienceConfig.disabled()` and no checkpoints: the same actors and loop
   with nothing of ours beside them, the fault-free overhead benchmark's floor (no faults);
 - ours-nockpt: `ResilienceConfig.default()` with nothing saved (the overhead benchmark gives it
@@ -54,8 +58,10 @@ from ray_resilience.goodput import RunTimeline
 from ray_resilience.testing import FaultKind
 
 VARIANTS = {"default": {}, "spare": {"num_spares": 1}, "all": {"policy": "all"},
-            "disabled": None, "nockpt": {}, "nolocal": {}}
+            "replica": {}, "disabled": None, "nockpt": {}, "nolocal": {}}
 """Variant -> `InJobConfig` kwargs; None: `ResilienceConfig.disabled()`, no checkpoints."""
+CHECKPOINT_VARIANTS = {"replica": {"memory_replicas": 1}}
+"""Variant -> `CheckpointConfig` kwargs beyond the benchmark's intervals."""
 #: Longest silence before an attempt's first step (import, model build, checkpoint load); the
 #: same as ft_launcher's initial heartbeat timeout.
 FIRST_STEP_TIMEOUT_S = 120.0
@@ -118,11 +124,15 @@ class OursPeer:
             self.uses_durable = self.local_tier = False
             self.config = "ResilienceConfig.disabled: no restarts, no checkpoints"
             return
+        self.checkpoint_kwargs = CHECKPOINT_VARIANTS.get(variant, {})
+        replicas = self.checkpoint_kwargs.get("memory_replicas", 0)
         self.config = ("ResilienceConfig.default: in-process restart, respawn "
                        f"{self.in_job.get('policy', 'replace-failed')}"
                        + (f", {self.num_spares} warm spare" if self.num_spares else "")
                        + "; step timeout = detection timeout; async checkpoints (coalesce, "
-                       "writer actors, memory tier); local tier to /dev/shm, no size cap")
+                       "writer actors, memory tier"
+                       + (f", {replicas} replica on another node's writer" if replicas else "")
+                       + "); local tier to /dev/shm, no size cap")
 
     def available(self) -> str | None:
         return None
@@ -173,12 +183,11 @@ class OursPeer:
             resilience=resilience,
         )
 
-    @staticmethod
-    def _checkpoint_config(workload: Workload) -> CheckpointConfig:
+    def _checkpoint_config(self, workload: Workload) -> CheckpointConfig:
         return CheckpointConfig(
             interval_steps=workload.checkpoint_interval,
             local_interval_steps=workload.local_interval, local_dir=workload.local_root,
-            local_max_bytes=None)
+            local_max_bytes=None, **self.checkpoint_kwargs)
 
 
 def _write_phases(run_dir: str, t_launch: float, t_fit: float, phases: list,
