@@ -13,7 +13,8 @@ from typing import Any
 RECOVERY_PHASES: tuple[str, ...] = (
     "detect", "teardown", "rendezvous", "checkpoint_load", "first_step",
 )
-CHECKPOINT_TIERS: tuple[str | None, ...] = ("local", "memory", "storage", None)
+CHECKPOINT_TIERS: tuple[str | None, ...] = ("local", "memory", "replica", "storage", None)
+"""Where a recovery's checkpoint_load read from ("replica": another writer's copy of a shard)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -237,4 +238,4 @@ def _check_time(name: str, t: float) -> None:
 
 def _check_tier(tier: str | None) -> None:
     if tier not in CHECKPOINT_TIERS:
-        raise ValueError(f"tier={tier!r} is invalid; use 'local', 'memory', 'storage' or None.")
+        raise ValueError(f"tier={tier!r} is invalid; use one of {CHECKPOINT_TIERS}.")

@@ -24,9 +24,10 @@ def steady_run(*, world_size: int = 2, steps: int = 100, step_s: float = 1.0,
     return timeline, t
 
 
-def rollback_run() -> RunTimeline:
+def rollback_run(tier: str = "memory") -> RunTimeline:
     """1 s steps; checkpoint 40 committed at 41; rank 1 killed at 49.5 during step 50;
-    detected at 50; recovered from 40 with step 41 done at 55; step 100 done at 114."""
+    detected at 50; recovered from 40 (read from `tier`) with step 41 done at 55; step 100
+    done at 114."""
     timeline = RunTimeline()
     timeline.run_started(0.0, 2)
     for step in range(1, 50):
@@ -36,7 +37,7 @@ def rollback_run() -> RunTimeline:
                             cause="process_killed", kind="sigkill")
     timeline.recovery_phase(FID, "teardown", 50.0, 51.0)
     timeline.recovery_phase(FID, "rendezvous", 51.0, 52.5)
-    timeline.recovery_phase(FID, "checkpoint_load", 52.5, 53.0, tier="memory")
+    timeline.recovery_phase(FID, "checkpoint_load", 52.5, 53.0, tier=tier)
     for step in range(41, 101):
         timeline.step_completed(step, 55.0 + (step - 41), 2)
     timeline.recovery_done(FID, 55.0, 40)

@@ -25,6 +25,7 @@ from ray_resilience._internal.control.metrics_log import MetricsLog, read_newest
 from ray_resilience._internal.control.node_agent import MAX_BATCHES_PER_S, forward_interval_s
 from ray_resilience._internal.rank.errors_capture import raised_in_distributed
 from ray_resilience._internal.rank.liveness import ActivityProbe
+from ray_resilience._internal.supervisor.checkpoints import restore_seconds
 from ray_resilience._internal.supervisor.detection import FaultDetector
 from ray_resilience._internal.supervisor.rank_status import RankStatus
 from ray_resilience._internal.supervisor.recorders import RecoveryPhase
@@ -312,6 +313,59 @@ def _agent_batch(source: str, seq: int, attempt: int, steps: range,
         folder.add(rank, attempt, steps[-1], 0.1, [_report(rank, s) for s in steps], [],
                    float(steps[-1]), events)
     return dataclasses.replace(folder.take(), source=source, seq=seq)
+
+
+def _load_batch(seq: int, attempt: int, loads: dict[int, tuple[float, str, bool]],
+                steps: range | None = None) -> ProgressBatch:
+    """One agent batch: each rank's load (rank -> end time, tier, replica), then `steps`."""
+    folder = ProgressFolder("n1")
+    for rank, (t_end, tier, replica) in loads.items():
+        events = [{"phase": "checkpoint_load", "rank": rank, "t_start": 1.0, "t_end": t_end,
+                   "tier": tier, "replica": replica, "step": 9}]
+        reports = [_report(rank, s) for s in steps] if steps else []
+        folder.add(rank, attempt, steps[-1] if steps else None, 0.1, reports, [], t_end, events)
+    return dataclasses.replace(folder.take(), source="a", seq=seq)
+
+
+def _recovering_record(events: list) -> RunRecord:
+    record = RunRecord(2, clock=FakeClock(), emit=events.append)
+    record.start_attempt(0)
+    record.fold(dataclasses.replace(_agent_batch("a", 1, 0, range(1, 11)), source="a", seq=1))
+    record.expect_recovery(1, DetectedFault(cause=FaultCause.NODE_LOST, ranks=(1,), attempt=0,
+                                            t_detect=0.0, step=11, fault_id="f1"), "respawn")
+    record.start_attempt(1)
+    return record
+
+
+def test_a_recoverys_load_is_the_slowest_ranks_and_names_a_replica():
+    """A lost node's rank reads its shard from another node's writer (a replica) while the
+    survivor reads its own writer's memory at once: the recovery waited for the replica."""
+    events: list = []
+    record = _recovering_record(events)
+    record.fold(_load_batch(2, 1, {0: (1.2, "memory", False)}))
+    assert not [e for e in events if isinstance(e, RecoveryPhase)]  # rank 1 still loading
+    record.fold(_load_batch(3, 1, {1: (4.0, "memory", True)}, steps=range(10, 11)))
+    (load,) = [e for e in events if isinstance(e, RecoveryPhase)]
+    assert (load.tier, load.t_start, load.t_end) == ("replica", 1.0, 4.0)
+    assert restore_seconds(list(record.loads)) == {"memory": [pytest.approx(0.2)],
+                                                   "replica": [pytest.approx(3.0)]}
+    # DCP's load ends in a collective: both ranks end together, the survivor a hair later.
+    events.clear()
+    record = _recovering_record(events)
+    record.fold(_load_batch(2, 1, {1: (4.0, "memory", True), 0: (4.001, "memory", False)}))
+    (load,) = [e for e in events if isinstance(e, RecoveryPhase)]
+    assert (load.tier, load.t_end) == ("replica", 4.001)
+
+
+def test_a_recoverys_load_is_recorded_at_its_first_step_when_a_ranks_load_never_came():
+    events: list = []
+    record = _recovering_record(events)
+    record.fold(_load_batch(2, 1, {0: (2.5, "storage", False)}))
+    record.fold(dataclasses.replace(_agent_batch("a", 3, 1, range(10, 12)), source="a", seq=3))
+    (load,) = [e for e in events if isinstance(e, RecoveryPhase)]
+    (done,) = [e for e in events if isinstance(e, RecoveryDone)]
+    assert load.tier == "storage" and load.t_end == 2.5
+    assert events.index(load) < events.index(done)
 
 
 def test_an_agents_batches_fold_in_the_order_it_sent_them_whatever_thread_runs_first():

@@ -32,6 +32,13 @@ def test_no_faults_gives_full_goodput_minus_checkpoint_blocking():
     assert report.num_checkpoints_saved == 3 and report.num_checkpoints_committed == 3
 
 
+def test_a_restore_from_a_replica_is_a_tier_of_its_own_and_an_unknown_tier_is_refused():
+    (fault,) = compute_goodput(rollback_run(tier="replica")).faults
+    assert fault.checkpoint_tier == "replica"
+    with pytest.raises(ValueError, match="tier='disk' is invalid"):
+        rollback_run(tier="disk")
+
+
 def test_checkpoint_on_every_step_still_counts_blocking_as_lost():
     timeline, wall = steady_run(steps=20, saves=dict.fromkeys(range(1, 21), 0.25))
     report = compute_goodput(timeline)

@@ -248,13 +248,15 @@ class RunCheckpoints:
 
 
 def restore_seconds(loads: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per tier ("local", "memory", "storage"), the seconds of each restore: the slowest rank's
-    load in each attempt that restored from it."""
+    """Per tier ("local", "memory", "replica": another writer's copy of the shard, "storage"),
+    the seconds of each restore: the slowest rank's load in each attempt that restored from it."""
     slowest: dict[tuple[int, str], float] = {}
     for load in loads:
         tier = load.get("tier")
         if tier is None or load.get("t_end") is None:
             continue
+        if tier == "memory" and load.get("replica"):
+            tier = "replica"
         key = (load.get("attempt", 0), tier)
         slowest[key] = max(slowest.get(key, 0.0), load["t_end"] - load["t_start"])
     out: dict[str, list[float]] = {}

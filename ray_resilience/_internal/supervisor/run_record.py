@@ -41,6 +41,23 @@ class Clock:
         return time.monotonic()
 
 
+_TIER_DISTANCE = (None, "local", "memory", "replica", "storage")
+"""The timeline's checkpoint tiers from the nearest to the farthest (None: nothing loaded)."""
+
+
+def _tier_read(load: dict[str, Any]) -> str | None:
+    """The tier a rank's load read: "replica" for a memory load from another writer's copy."""
+    tier = load.get("tier")
+    if tier == "memory" and load.get("replica"):
+        return "replica"
+    return tier
+
+
+def _distance(tier: str | None) -> int:
+    """How far `tier` is (a tier this record does not know counts as the farthest)."""
+    return _TIER_DISTANCE.index(tier) if tier in _TIER_DISTANCE else len(_TIER_DISTANCE)
+
+
 class RunRecord:
     """Aggregates per-rank reports into global steps and emits what they complete."""
 
@@ -78,7 +95,10 @@ class RunRecord:
         fails right after a report, its peers' reports of that step may still be in flight."""
         self._recovering: dict[int, tuple[DetectedFault, str]] = {}
         """attempt -> the fault it recovers from and how, until its first step completes."""
-        self._load_seen: set[int] = set()
+        self._recovery_loads: dict[int, list[dict[str, Any]]] = {}
+        """attempt -> the loads its ranks reported so far while it recovers, until every rank
+        has (or its first step completes): the recovery's load is the slowest rank's."""
+        self._load_done: set[int] = set()
         self.phases: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PHASES_KEPT)
         """The newest timed phases: the supervisor's start-up phases, each new rank process's
         (process_start, imports, prewarm) and each attempt's (release_groups,
@@ -233,12 +253,27 @@ class RunRecord:
         if ev.get("phase") != "checkpoint_load":
             return
         self.loads.append({**ev, "attempt": attempt})
+        if attempt not in self._recovering or attempt in self._load_done:
+            return
+        loads = self._recovery_loads.setdefault(attempt, [])
+        loads.append(ev)
+        if len({load.get("rank") for load in loads}) >= self.world_size:
+            self._emit_recovery_load(attempt)
+
+    def _emit_recovery_load(self, attempt: int) -> None:
+        """The recovery's checkpoint_load phase: from the first rank's start to the last
+        rank's end (the first step waits for every rank), with the farthest tier any rank
+        read ("replica" where it read another writer's copy of its shard)."""
+        loads = self._recovery_loads.pop(attempt, None)
         pending = self._recovering.get(attempt)
-        if pending is not None and attempt not in self._load_seen:
-            self._load_seen.add(attempt)
-            self.emit(RecoveryPhase(fault_id=pending[0].fault_id, phase="checkpoint_load",
-                                    t_start=ev["t_start"], t_end=ev["t_end"],
-                                    tier=ev.get("tier")))
+        if not loads or pending is None:
+            return
+        self._load_done.add(attempt)
+        tiers = [_tier_read(load) for load in loads]
+        self.emit(RecoveryPhase(fault_id=pending[0].fault_id, phase="checkpoint_load",
+                                t_start=min(load["t_start"] for load in loads),
+                                t_end=max(load["t_end"] for load in loads),
+                                tier=max(tiers, key=_distance)))
 
     def startup_phase(self, name: str, t_start: float, t_end: float) -> None:
         with self.lock:
@@ -294,6 +329,7 @@ class RunRecord:
             self.timeouts.observe("first_step", t - self.launched_at[attempt])
         self.first_step_by_attempt.setdefault(attempt, (step, t))
         self.emit(StepCompleted(step=step, attempt=attempt, world_size=self.world_size, t=t))
+        self._emit_recovery_load(attempt)  # the loads that came, if some rank's never did
         pending = self._recovering.pop(attempt, None)
         if pending is not None:
             fault, mechanism = pending
