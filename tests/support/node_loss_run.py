@@ -6,6 +6,7 @@ weights the test handed over (trained once on the test session's local Ray).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -26,6 +27,9 @@ from ray_resilience.testing import Fault, FaultPlan
 from tests.support import workload
 
 STEPS = 12
+#: Seconds each step sleeps: long enough that the writers' DCP import, which starts after the
+#: first step on CPU ranks, ends and a step commits (and is replicated) before the last step.
+STEP_SLEEP_S = 0.6
 
 
 def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
@@ -37,7 +41,8 @@ def remove_node_at(cluster: Cluster, node, run_name: str, step: int, log: dict,
         try:
             supervisor = ray.get_actor(SUPERVISOR_NAME_PREFIX + run_name)
             status = ray.get(supervisor.status.remote())
-            if (status.get("step") or 0) >= step:
+            log["step_at_removal"] = status.get("step") or 0
+            if log["step_at_removal"] >= step:
                 if not replicated:
                     break
                 newest = _replicated_step(ray.get(supervisor.checkpoint_stats.remote()))
@@ -114,7 +119,7 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
     def fit(name: str, resilience: rr.ResilienceConfig) -> rr.Result:
         return rr.ResilientTrainer(
             workload.train_loop, train_loop_config={"data_dir": data_dir, "max_steps": STEPS,
-                                                    "sleep_s": 0.2},
+                                                    "sleep_s": STEP_SLEEP_S},
             scaling_config=rr.ScalingConfig(placement_strategy="SPREAD", **scaling),
             run_config=rr.RunConfig(name=name, storage_path=storage, verbose=False),
             resilience=resilience).fit(raise_on_failure=False)  # reported as data below
@@ -154,7 +159,10 @@ def main(data_dir: str, storage: str, mode: str, reference: str | None) -> None:
                       "world_sizes": sorted({v is not None for v in faulty.return_values}),
                       "num_returns": len(faulty.return_values), "error": str(faulty.error),
                       "faults": faulty.faults, "bit_equal": _equal(faulty, clean), "log": log,
-                      "loads": (faulty.checkpoint or {}).get("loads")}, default=str))
+                      "loads": (faulty.checkpoint or {}).get("loads"),
+                      "restore_s": (faulty.checkpoint or {}).get("restore_s"),
+                      "recoveries": [dataclasses.asdict(f) for f in faulty.goodput.faults]
+                      if faulty.goodput is not None else None}, default=str))
     ray.shutdown()
     cluster.shutdown()
 
