@@ -50,6 +50,12 @@ SIDE_DIR = "recovery-side-scenarios"
 """Sittings of the hang and node-loss scenarios alone (`--scenarios hang,node_loss`) for sizes
 whose main sitting ran the AWS schedule only: each rendered right after its size's main section,
 with its own calibration, references and yardstick; the targets judge the main sittings."""
+REPLICA_DIR = "recovery-replica"
+"""Sittings of the node-loss scenario with `ours-replica` (the defaults plus a memory replica
+on another node's writer) beside ours and the peer it is measured against: each rendered after
+its size's other sections, outside the targets."""
+AFTER_SIZE_DIRS = (SIDE_DIR, REPLICA_DIR)
+"""Folders whose sitting of a size renders right after that size's main section, in this order."""
 
 
 def _recovery_docs(folder: str) -> list[dict]:
@@ -146,14 +152,16 @@ def render(results_dir: str) -> str:
     section = targets.section(docs)
     if section:
         parts += [section, ""]
-    side_dir = os.path.join(results_dir, SIDE_DIR)
-    side = {d["size"]["name"]: d for d in _recovery_docs(side_dir)}
+    after = [(folder, {d["size"]["name"]: d for d in _recovery_docs(folder)})
+             for folder in (os.path.join(results_dir, name) for name in AFTER_SIZE_DIRS)]
     for doc in docs:
         parts.append(f"{recovery.section(doc, load_timelines(results_dir, doc))}\n")
-        extra = side.pop(doc["size"]["name"], None)
-        if extra is not None:
-            parts.append(f"{recovery.section(extra, load_timelines(side_dir, extra))}\n")
-    parts += [f"{recovery.section(d, load_timelines(side_dir, d))}\n" for d in side.values()]
+        for folder, by_size in after:
+            extra = by_size.pop(doc["size"]["name"], None)
+            if extra is not None:
+                parts.append(f"{recovery.section(extra, load_timelines(folder, extra))}\n")
+    parts += [f"{recovery.section(d, load_timelines(folder, d))}\n"
+              for folder, by_size in after for d in by_size.values()]
     kept_dir = os.path.join(results_dir, KEPT_DIR)
     parts += [f"{recovery.section(d, load_timelines(kept_dir, d))}\n"
               for d in _recovery_docs(kept_dir)]

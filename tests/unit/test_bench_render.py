@@ -414,3 +414,32 @@ def test_a_side_scenarios_sitting_renders_after_its_sizes_main_section(tmp_path)
     assert "AWS schedule 3 repetition(s)" in page.split(heading, 1)[0]  # the main one did
     targets_of = lambda text: text.split("## Targets", 1)[1].split("\n## ", 1)[0]  # noqa: E731
     assert targets_of(page) == targets_of(main_page)  # judged on the main sittings only
+
+
+def test_a_replica_sitting_renders_after_its_sizes_side_sitting_and_names_the_variant(
+        tmp_path) -> None:
+    for name in ("recovery-tiny.json", "recovery-200mb.json"):
+        shutil.copy(os.path.join(RESULTS, name), tmp_path)
+    main_page = render.render(str(tmp_path))
+    docs, _ = render.load(RESULTS)
+    tiny = next(d for d in docs if d["size"]["name"] == "tiny")
+    side = copy.deepcopy(tiny)
+    side["scenarios"] = {k: v for k, v in side["scenarios"].items() if k != "aws"}
+    replica = copy.deepcopy(tiny)
+    replica["scenarios"] = {"node_loss": copy.deepcopy(tiny["scenarios"]["node_loss"])}
+    replica["mechanisms"]["ours-replica"] = replica["mechanisms"]["ours"]
+    for folder, doc in ((render.SIDE_DIR, side), (render.REPLICA_DIR, replica)):
+        os.makedirs(tmp_path / folder)
+        with open(tmp_path / folder / "recovery-tiny.json", "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+    page = render.render(str(tmp_path))
+    heading = "## Recovery: tiny, node loss in a sitting of its own, with ours-replica ("
+    assert heading in page
+    assert (page.index("## Recovery: tiny (")
+            < page.index("## Recovery: tiny, hangs and node loss in a sitting of their own (")
+            < page.index(heading) < page.index("## Recovery: 200mb ("))
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert "### Node loss" in section and "### Hangs" not in section
+    targets_of = lambda text: text.split("## Targets", 1)[1].split("\n## ", 1)[0]  # noqa: E731
+    assert targets_of(page) == targets_of(main_page)  # judged on the main sittings only
+

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from peers import NAMED_ONLY
+
 from ray_resilience.goodput import RunTimeline, compute_goodput
 
 from .fmt import NONE, gib, mb, ms, num, pct, sec, spread, table
@@ -205,7 +207,11 @@ def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str
     label = ", glibc keeping freed memory" if doc.get("allocator_env") else ""
     if "aws" not in doc["scenarios"]:
         label += (", " + " and ".join(SIDE_TITLES.get(n, n) for n in doc["scenarios"])
-                 + " in a sitting of their own")
+                 + (" in a sitting of their own" if len(doc["scenarios"]) > 1
+                    else " in a sitting of its own"))
+    named = [m for m in doc["mechanisms"] if m in NAMED_ONLY]
+    if named:
+        label += ", with " + " and ".join(named)
     out = [f"## Recovery: {size['name']}{label} ({mb(size['state_bytes_per_rank'] / 1e6)} of "
            f"state per rank, {doc['max_steps']} steps)", ""]
     if doc["quick"]:
