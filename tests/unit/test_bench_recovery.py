@@ -237,6 +237,16 @@ def test_every_mechanism_says_how_it_is_configured_and_what_it_cannot_run() -> N
     assert "NCCL" in make_peer("nvrx-inprocess").available()
 
 
+def test_simulated_nodes_get_rays_default_share_of_the_machines_memory_as_object_store():
+    import psutil  # noqa: PLC0415
+    from harness.cluster import DESCRIPTION, node_object_store_bytes  # noqa: PLC0415
+
+    total = psutil.virtual_memory().total
+    assert node_object_store_bytes(2) == int(total * 0.3 / 2)
+    assert node_object_store_bytes(0) == node_object_store_bytes(1) > 150 * 2**20
+    assert "object store" in DESCRIPTION
+
+
 def test_the_replica_variant_is_ours_with_one_memory_replica_and_runs_only_where_named(
         tmp_path) -> None:
     from peers import SWEPT, family  # noqa: PLC0415

@@ -428,6 +428,8 @@ def test_a_replica_sitting_renders_after_its_sizes_side_sitting_and_names_the_va
     replica = copy.deepcopy(tiny)
     replica["scenarios"] = {"node_loss": copy.deepcopy(tiny["scenarios"]["node_loss"])}
     replica["mechanisms"]["ours-replica"] = replica["mechanisms"]["ours"]
+    replica["scenarios"]["node_loss"]["cluster"] = {"description": "head + 2 raylets",
+                                                    "node_object_store_bytes": 3 * 2**30}
     for folder, doc in ((render.SIDE_DIR, side), (render.REPLICA_DIR, replica)):
         os.makedirs(tmp_path / folder)
         with open(tmp_path / folder / "recovery-tiny.json", "w", encoding="utf-8") as f:
@@ -440,6 +442,8 @@ def test_a_replica_sitting_renders_after_its_sizes_side_sitting_and_names_the_va
             < page.index(heading) < page.index("## Recovery: 200mb ("))
     section = page.split(heading, 1)[1].split("\n## ", 1)[0]
     assert "### Node loss" in section and "### Hangs" not in section
+    assert "Cluster: head + 2 raylets (3.00 GiB per worker node;" in section
+    assert "Cluster:" not in page.split(heading, 1)[0]  # older sittings recorded none
     targets_of = lambda text: text.split("## Targets", 1)[1].split("\n## ", 1)[0]  # noqa: E731
     assert targets_of(page) == targets_of(main_page)  # judged on the main sittings only
 

@@ -33,8 +33,25 @@ from .spec import Workload
 T = TypeVar("T")
 REPLACEMENT_DELAY_S = 1.0
 TRAINER = "trainer"
+OBJECT_STORE_SHARE = 0.3
+"""Ray's default object store is 30% of a node's memory; `ray.cluster_utils` gives each node
+150 MiB instead, so a simulated node's writers, whose memory-tier budget defaults to the node's
+object store, kept no shard over ~0.16 GB in memory and every node-loss restore above the tiny
+size read storage. Each worker node gets Ray's share of this machine's memory, divided among
+the worker nodes (they share it)."""
 DESCRIPTION = ("ray.cluster_utils.Cluster: head + one raylet per rank with a 'trainer' "
-               f"resource; lost node replaced after {REPLACEMENT_DELAY_S:g} s")
+               f"resource and {OBJECT_STORE_SHARE:.0%} of the machine's memory / nodes as its "
+               f"object store; lost node replaced after {REPLACEMENT_DELAY_S:g} s")
+
+
+def node_object_store_bytes(nodes: int) -> int:
+    """The object store of each of `nodes` simulated worker nodes (see OBJECT_STORE_SHARE)."""
+    return int(psutil.virtual_memory().total * OBJECT_STORE_SHARE / max(1, nodes))
+
+
+def _add_node(cluster: Any, nodes: int) -> Any:
+    return cluster.add_node(num_cpus=1, resources={TRAINER: 1},
+                            object_store_memory=node_object_store_bytes(nodes))
 
 
 @contextlib.contextmanager
@@ -52,7 +69,7 @@ def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
         "num_cpus": head_cpus, "include_dashboard": False, "temp_dir": temp_dir,
         "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
     for _ in range(nodes):
-        cluster.add_node(num_cpus=1, resources={TRAINER: 1})
+        _add_node(cluster, nodes)
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     try:
         yield cluster
@@ -105,7 +122,7 @@ class NodeKiller:
         node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
         self.cluster.worker_nodes.remove(node)
         time.sleep(REPLACEMENT_DELAY_S)
-        self.cluster.add_node(num_cpus=1, resources={TRAINER: 1})
+        _add_node(self.cluster, self.workload.nodes)
 
     def _node_of(self, pids: set[int]) -> Any:
         for node in list(self.cluster.worker_nodes):

@@ -62,6 +62,16 @@ def _allocator(doc: dict) -> str:
             + "; `--keep-freed-memory`, docs/design.md, section 8).")
 
 
+def _cluster(scenario: dict[str, Any]) -> str:
+    """The simulated cluster, where the sitting recorded it (sittings before it gave each
+    node ray.cluster_utils' 150 MiB object store)."""
+    info = scenario.get("cluster")
+    if not info:
+        return ""
+    return (f" Cluster: {info['description']} ({gib(info['node_object_store_bytes'])} per "
+            "worker node; ours' memory tier is budgeted to it by default).")
+
+
 def scenario_table(doc: dict[str, Any], name: str) -> str:
     scenario = doc["scenarios"][name]
     kinds = sorted({f["kind"] for f in scenario["plan"]["faults"]})
@@ -229,7 +239,8 @@ def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str
               f"{size['detect_timeout_s']:g} s.{_rescored(doc)}{_allocator(doc)}", ""]
     for name, scenario in doc["scenarios"].items():
         out += [f"### {SCENARIO_TITLES.get(name, name)}", "",
-                f"Plan: {_plan(scenario['plan'])}.", "", scenario_table(doc, name), ""]
+                f"Plan: {_plan(scenario['plan'])}.{_cluster(scenario)}", "",
+                scenario_table(doc, name), ""]
         resumed = resume_points(doc, timelines, name) if name != "aws" else ""
         for block in (time_breakdown(doc, name), "\n".join(where_ours_loses(doc, name)), resumed):
             if block:

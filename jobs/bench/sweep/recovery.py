@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from harness import cluster
 from harness.sizes import size as size_of
 from harness.spec import Workload, unsupported_kinds
 from peers import NOT_BIT_COMPARABLE, family, make_peer
@@ -279,9 +280,13 @@ class SizeSweep:
     def _scenario_doc(self, scenario: str, info: dict[str, Any]) -> dict[str, Any]:
         faulty = [r for r in self.records if r["phase"] == scenario]
         by_mech = {m: [r for r in faulty if r["mechanism"] == m] for m in self.cfg.mechanisms}
-        return {"plan": info["plan"].to_dict(), "skipped": info["skipped"],
-                "summary": {m: summarize_faulty(rs) for m, rs in by_mech.items() if rs},
-                "runs": [_row(r) for r in faulty]}
+        doc = {"plan": info["plan"].to_dict(), "skipped": info["skipped"],
+               "summary": {m: summarize_faulty(rs) for m, rs in by_mech.items() if rs},
+               "runs": [_row(r) for r in faulty]}
+        if scenario == "node_loss":
+            doc["cluster"] = {"description": cluster.DESCRIPTION, "node_object_store_bytes":
+                              cluster.node_object_store_bytes(self.cfg.world_size)}
+        return doc
 
     def _describe(self, name: str, unavailable: str | None) -> dict[str, Any]:
         peer = self.peers[name]
