@@ -62,12 +62,22 @@ def _allocator(doc: dict) -> str:
             + "; `--keep-freed-memory`, docs/design.md, section 8).")
 
 
-def _cluster(scenario: dict[str, Any]) -> str:
-    """The simulated cluster, where the sitting recorded it (sittings before it gave each
-    node ray.cluster_utils' 150 MiB object store)."""
+CLUSTER_UTILS_STORE = 150 * 2**20
+"""The object store `ray.cluster_utils` gave each simulated node in sittings that recorded no
+cluster."""
+
+
+def _cluster(doc: dict[str, Any], scenario: dict[str, Any]) -> str:
+    """The simulated cluster, where the sitting recorded it; for older sittings, what their
+    nodes' 150 MiB object stores did to ours' memory tier."""
     info = scenario.get("cluster")
     if not info:
-        return ""
+        if doc["size"]["state_bytes_per_rank"] <= CLUSTER_UTILS_STORE:
+            return ""
+        return (" This sitting's simulated nodes had `ray.cluster_utils`' 150 MiB object store,"
+                " to which ours' memory tier is budgeted by default: no writer kept a shard of"
+                " this size in memory, so ours restored every rank from storage (the harness"
+                " gives nodes Ray's default share of memory since).")
     return (f" Cluster: {info['description']} ({gib(info['node_object_store_bytes'])} per "
             "worker node; ours' memory tier is budgeted to it by default).")
 
@@ -239,7 +249,8 @@ def section(doc: dict[str, Any], timelines: dict[str, Any] | None = None) -> str
               f"{size['detect_timeout_s']:g} s.{_rescored(doc)}{_allocator(doc)}", ""]
     for name, scenario in doc["scenarios"].items():
         out += [f"### {SCENARIO_TITLES.get(name, name)}", "",
-                f"Plan: {_plan(scenario['plan'])}.{_cluster(scenario)}", "",
+                f"Plan: {_plan(scenario['plan'])}."
+                + (_cluster(doc, scenario) if name == "node_loss" else ""), "",
                 scenario_table(doc, name), ""]
         resumed = resume_points(doc, timelines, name) if name != "aws" else ""
         for block in (time_breakdown(doc, name), "\n".join(where_ours_loses(doc, name)), resumed):
