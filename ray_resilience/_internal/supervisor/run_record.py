@@ -97,7 +97,7 @@ class RunRecord:
         """attempt -> the fault it recovers from and how, until its first step completes."""
         self._recovery_loads: dict[int, list[dict[str, Any]]] = {}
         """attempt -> the loads its ranks reported so far while it recovers, until every rank
-        has (or its first step completes): the recovery's load is the slowest rank's."""
+        has (or its first step completes): the recovery's load phase spans all of them."""
         self._load_done: set[int] = set()
         self.phases: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PHASES_KEPT)
         """The newest timed phases: the supervisor's start-up phases, each new rank process's
@@ -223,6 +223,7 @@ class RunRecord:
             # Steps and saves of older attempts that never completed never will.
             self._pending = {k: v for k, v in self._pending.items() if k[0] >= attempt}
             self._saves = {k: v for k, v in self._saves.items() if k[0] >= attempt}
+            self._recovery_loads = {a: v for a, v in self._recovery_loads.items() if a >= attempt}
 
     def resize(self, world_size: int) -> None:
         """The world shrank: ranks are renumbered, so statuses and return values start over."""
