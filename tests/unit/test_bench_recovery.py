@@ -247,6 +247,25 @@ def test_simulated_nodes_get_rays_default_share_of_the_machines_memory_as_object
     assert "object store" in DESCRIPTION
 
 
+def test_a_simulated_clusters_worker_logs_are_kept_per_session_and_empty_ones_skipped(
+        tmp_path) -> None:
+    from harness.cluster import keep_worker_logs  # noqa: PLC0415
+
+    for session, name, text in (("session_a", "worker-1.err", "supervisor: node lost"),
+                                ("session_a", "worker-2.err", ""),
+                                ("session_a", "worker-3.out", "stdout"),
+                                ("session_b", "worker-1.err", "writer: committed")):
+        folder = tmp_path / "tmp" / session / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    dest = tmp_path / "run" / "ray_logs"
+    assert keep_worker_logs(str(tmp_path / "tmp"), str(dest)) == [
+        "session_a-worker-1.err", "session_b-worker-1.err"]
+    assert (dest / "session_b-worker-1.err").read_text() == "writer: committed"
+    assert keep_worker_logs(str(tmp_path / "missing"), str(tmp_path / "none")) == []
+    assert not (tmp_path / "none").exists()
+
+
 def test_the_replica_variant_is_ours_with_one_memory_replica_and_runs_only_where_named(
         tmp_path) -> None:
     from peers import SWEPT, family  # noqa: PLC0415

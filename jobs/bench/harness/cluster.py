@@ -11,6 +11,7 @@ adds a replacement node after REPLACEMENT_DELAY_S, as a cluster's autoscaler wou
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -55,8 +56,11 @@ def _add_node(cluster: Any, nodes: int) -> Any:
 
 
 @contextlib.contextmanager
-def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
-    """`ray.init` on a fresh cluster of a head and `nodes` worker nodes; torn down on exit."""
+def simulated_cluster(nodes: int, head_cpus: int, *, keep_logs: str | None = None
+                      ) -> Iterator[Any]:
+    """`ray.init` on a fresh cluster of a head and `nodes` worker nodes; torn down on exit.
+    `keep_logs`: a folder that receives the Ray workers' stderr logs (our actors' log lines,
+    e.g. the supervisor's) before the cluster's temp folder goes."""
     os.environ["PYTHONPATH"] = with_bench_paths(os.environ.get("PYTHONPATH", ""))
     temp_dir = tempfile.mkdtemp(prefix="rrb_cl_", dir="/tmp")  # short: AF_UNIX path limit
     # Ray's Cluster records the head's address in <RAY_TMPDIR or /tmp>/ray/ray_current_cluster,
@@ -80,7 +84,24 @@ def simulated_cluster(nodes: int, head_cpus: int) -> Iterator[Any]:
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = before
+        if keep_logs is not None:
+            keep_worker_logs(temp_dir, keep_logs)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def keep_worker_logs(temp_dir: str, dest: str) -> list[str]:
+    """Copies the non-empty `worker-*.err` logs of every Ray session under `temp_dir` into
+    `dest` (prefixed with the session's folder name); the names copied."""
+    copied = []
+    for path in sorted(glob.glob(os.path.join(temp_dir, "session_*", "logs", "worker-*.err"))):
+        if os.path.getsize(path) == 0:
+            continue
+        session = os.path.basename(os.path.dirname(os.path.dirname(path)))
+        os.makedirs(dest, exist_ok=True)
+        name = f"{session}-{os.path.basename(path)}"
+        shutil.copyfile(path, os.path.join(dest, name))
+        copied.append(name)
+    return copied
 
 
 class NodeKiller:

@@ -22,6 +22,10 @@ from .cluster import TRAINER, NodeKiller, simulated_cluster
 from .launcher import with_bench_paths
 from .spec import Workload
 
+RAY_LOGS_DIR = "ray_logs"
+"""A simulated-cluster run's Ray worker logs, kept in its run folder (`keep_worker_logs`): the
+supervisor's and writers' log lines, which say how a node loss was detected and repaired."""
+
 T = TypeVar("T")
 
 
@@ -54,8 +58,8 @@ def ray_for(workload: Workload, num_cpus: int) -> Iterator[Callable[[Callable[[]
         with private_ray(num_cpus):
             yield lambda fit: fit()
         return
-    with simulated_cluster(workload.nodes, head_cpus=max(1, num_cpus - workload.world_size)) \
-            as cluster:
+    with simulated_cluster(workload.nodes, head_cpus=max(1, num_cpus - workload.world_size),
+                           keep_logs=os.path.join(workload.run_dir, RAY_LOGS_DIR)) as cluster:
         yield lambda fit: NodeKiller(cluster, workload).run_beside(fit)
 
 
