@@ -18,7 +18,7 @@ from ray_resilience._internal.constants import (
     checkpoint_call_timeout_s,
     env_float,
 )
-from ray_resilience._internal.supervisor.run_record import Clock, RunRecord
+from ray_resilience._internal.supervisor.run_record import Clock, RunRecord, tier_read
 from ray_resilience.callbacks import CheckpointCommitted, CheckpointDropped
 from ray_resilience.checkpoint.config import CheckpointConfig
 from ray_resilience.checkpoint.errors import CheckpointError
@@ -252,11 +252,9 @@ def restore_seconds(loads: list[dict[str, Any]]) -> dict[str, list[float]]:
     the seconds of each restore: the slowest rank's load in each attempt that restored from it."""
     slowest: dict[tuple[int, str], float] = {}
     for load in loads:
-        tier = load.get("tier")
+        tier = tier_read(load)
         if tier is None or load.get("t_end") is None:
             continue
-        if tier == "memory" and load.get("replica"):
-            tier = "replica"
         key = (load.get("attempt", 0), tier)
         slowest[key] = max(slowest.get(key, 0.0), load["t_end"] - load["t_start"])
     out: dict[str, list[float]] = {}

@@ -45,7 +45,7 @@ _TIER_DISTANCE = (None, "local", "memory", "replica", "storage")
 """The timeline's checkpoint tiers from the nearest to the farthest (None: nothing loaded)."""
 
 
-def _tier_read(load: dict[str, Any]) -> str | None:
+def tier_read(load: dict[str, Any]) -> str | None:
     """The tier a rank's load read: "replica" for a memory load from another writer's copy."""
     tier = load.get("tier")
     if tier == "memory" and load.get("replica"):
@@ -270,7 +270,7 @@ class RunRecord:
         if not loads or pending is None:
             return
         self._load_done.add(attempt)
-        tiers = [_tier_read(load) for load in loads]
+        tiers = [tier_read(load) for load in loads]
         self.emit(RecoveryPhase(fault_id=pending[0].fault_id, phase="checkpoint_load",
                                 t_start=min(load["t_start"] for load in loads),
                                 t_end=max(load["t_end"] for load in loads),
