@@ -169,6 +169,39 @@ def test_respawned_ranks_load_from_writer_memory(two_ranks):
         stop_ranks(fresh)
 
 
+@pytest.mark.timeout(120)
+def test_writers_started_ahead_for_a_node_are_the_ones_its_ranks_get(ray_session, tmp_path):
+    """A respawned rank moving to a node with no writer: `prelaunch` starts that node's writer
+    while the rank starts; `ensure_writers` hands it to the coordinator, which adopts it (no
+    second writer); one started for a node no rank reached is stopped."""
+    node = ray.get_runtime_context().get_node_id()
+    service = start_service(str(tmp_path), 0)  # no rank yet: no writer anywhere
+    try:
+        service.prelaunch(node)
+        service.prelaunch(node)  # once per node, however often a rank is announced there
+        (launched_id, handle), = service._launched.values()
+        specs = service.ensure_writers([node, node])
+        assert [s.writer_id for s in specs] == [launched_id, launched_id]
+        assert ray.get(specs[0].writer.ping.remote(), timeout=60)["writer_id"] == launched_id
+        assert [w["writer_id"] for w in service.stats()["writers"]] == [launched_id]
+        service.prelaunch(node)  # the node has its writer now: nothing more starts
+        assert service._launched == {}
+    finally:
+        service.shutdown()
+    # Started for a node no rank reached (the rank moved on again), or left at the run's end:
+    # stopped either way.
+    for run, end in (("moved-on", lambda s: s.ensure_writers([])), ("ended", lambda s: None)):
+        service = start_service(str(tmp_path), 0, run=run)
+        try:
+            service.prelaunch(node)
+            ((_, unused),) = service._launched.values()
+            end(service)
+        finally:
+            service.shutdown()
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(unused.ping.remote(), timeout=60)
+
+
 def test_local_tier_restores_the_newest_step_across_a_respawn_and_falls_back(ray_session, tmp_path):
     node = ray.get_runtime_context().get_node_id()
     service, ranks = start_with(lambda: start_service(str(tmp_path), 2, interval_steps=4,

@@ -85,6 +85,8 @@ def test_node_removed_without_grace_during_training(clean_run, token_data_dir, t
     fault = next(f for f in out["faults"]
                  if f["t_detect"] >= out["log"]["removed_at"] and f["respawned"])
     (moved,) = fault["respawned"]
+    # Its new node had no writer: one started while the moved rank started there.
+    assert [(r["rank"], r["node_prepared"]) for r in fault["replacements"]] == [(moved, True)]
     recovery = [load for load in out["loads"]
                 if load["attempt"] > fault["attempt"] and load["rank"] == moved]
     assert recovery, out["loads"]
@@ -138,4 +140,8 @@ def test_node_that_keeps_failing_is_excluded_and_its_rank_moves(clean_run, token
     assert first["excluded_nodes"] == [] and first["nodes"] == second["nodes"]  # same node twice
     assert second["excluded_nodes"] == second["nodes"]  # excluded at the second fault
     assert out["final_nodes"][1] not in second["nodes"], out  # rank 1 moved away
+    # Killed on its own node, rank 1 came back there (its writer runs); moved, it went to a
+    # node with no writer, whose writer started while rank 1 started.
+    assert [r["node_prepared"] for r in first["replacements"]] == [False], first
+    assert [r["node_prepared"] for r in second["replacements"]] == [True], second
     assert out["bit_equal"], "final weights differ from the fault-free run"

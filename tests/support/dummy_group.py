@@ -187,8 +187,8 @@ class DummyWorkerGroup:
     def health(self, ranks: list[int], timeout_s: float) -> dict[int, str]:
         return {}
 
-    def replace(self, ranks: list[int], timeout_s: float,
-                exclude: set[str] | None = None) -> list[int]:
+    def replace(self, ranks: list[int], timeout_s: float, exclude: set[str] | None = None,
+                on_node: Any = None) -> list[int]:
         self.replaced.append(sorted(ranks))
         for rank in ranks:
             self.info[rank] = self._info(rank, generation=len(self.replaced))

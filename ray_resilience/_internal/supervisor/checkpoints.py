@@ -102,6 +102,11 @@ class RunCheckpoints:
     def rank_spec(self, rank: int) -> Any:
         return self.service.rank_spec(rank) if self.service is not None else None
 
+    def prelaunch(self, node_id: str) -> None:
+        """A respawned rank is starting on `node_id`: its writers start beside it."""
+        if self.service is not None:
+            self.service.prelaunch(node_id)
+
     def ensure_writers(self, node_ids: list[str]) -> None:
         """Writers for nodes the ranks moved to; dead writers are replaced."""
         if self.service is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray_resilience._internal.attempt import AttemptOutcome, RankLost
@@ -58,8 +58,10 @@ class Repair:
 
     def __init__(self, group: WorkerGroup, record: RunRecord, cfg: ResilienceConfig,
                  scaling: ScalingConfig, clock: Clock, *, decision: Decision,
-                 attempt: int) -> None:
+                 attempt: int, on_node: Callable[[str], None] | None = None) -> None:
         self.group, self.record, self.cfg, self.scaling = group, record, cfg, scaling
+        self.on_node = on_node
+        """Called with each node a respawned rank moves to, while it starts there."""
         self.clock, self.decision, self.attempt = clock, decision, attempt
         self.respawn: set[int] = set(decision.respawn)
         self.outcomes: list[AttemptOutcome] = []
@@ -81,10 +83,18 @@ class Repair:
             log.warning("excluding node %s: more than InJobConfig.max_node_faults=%s faults lost "
                         "or hung a rank there; its ranks move to other nodes",
                         node, in_job.max_node_faults)
+        prepared: set[str] = set()
+
+        def on_node(node: str) -> None:
+            prepared.add(node)
+            if self.on_node is not None:
+                self.on_node(node)
+
         missing = self.group.replace(sorted(self.respawn), in_job.replacement_timeout_s,
-                                     exclude=set(excluded_nodes) | set(self.decision.exclude_nodes))
+                                     exclude=set(excluded_nodes) | set(self.decision.exclude_nodes),
+                                     on_node=on_node)
         done = dict(t_torn=t_torn, excluded_nodes=self.decision.exclude_nodes,
-                    replacements=tuple(_replacement(rank, info) for rank, info
+                    replacements=tuple(_replacement(rank, info, prepared) for rank, info
                                        in enumerate(self.group.info) if rank in self.respawn))
         log.info("replacement processes: %s", done["replacements"])
         if not missing:
@@ -166,11 +176,13 @@ class Repair:
         return sorted(keep.values())
 
 
-def _replacement(rank: int, info: dict[str, Any]) -> dict[str, Any]:
+def _replacement(rank: int, info: dict[str, Any], prepared: set[str]) -> dict[str, Any]:
     """How a respawned rank's process started: `preimported` when it was booted ahead of time
     and had imported torch and the rest before the rank took it (or while the rank waited
-    `preimport_wait_s` for it)."""
+    `preimport_wait_s` for it); `node_prepared` when it moved to a node whose checkpoint writers
+    were started while it started (`WorkerGroup.replace`'s `on_node`)."""
     pre = info.get("preimport") or {}
     return {"rank": rank, "pid": info.get("pid"),
             "preimported": "ended" in pre and "error" not in pre,
-            "preimport_wait_s": pre.get("waited_s", 0.0)}
+            "preimport_wait_s": pre.get("waited_s", 0.0),
+            "node_prepared": info.get("node_id") in prepared}

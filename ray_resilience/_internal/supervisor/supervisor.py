@@ -298,8 +298,7 @@ class Supervisor:
             process_group_timeout_s=cfg.process_group_timeout_s,
             rendezvous_timeout_s=(cfg.in_process.barrier_timeout_s if cfg.in_process
                                   else cfg.first_step_timeout_s),
-            progress_interval_s=cfg.progress_interval_s,
-            busy_cap_s=self._timeouts.limit("step"),
+            progress_interval_s=cfg.progress_interval_s, busy_cap_s=self._timeouts.limit("step"),
             checkpoint_spec=self._checkpoints.rank_spec(r),
             resume_hint=self.record.global_step or 0,
             faults=tuple(f for f in plan if f.rank == r and f.id not in fired
@@ -417,6 +416,7 @@ class Supervisor:
         """Carries out the decision; RUNNING next starts the new attempt (see `_step`)."""
         done = Repair(self._group, self.record, self._cfg, self._scaling, self._clock,
                       decision=current.decision, attempt=self._attempt,
+                      on_node=self._checkpoints.prelaunch,  # a moved rank's writers start early
                       ).run(self._futures, frozenset(self._history.excluded_nodes))
         self._futures = {}
         for outcome in done.outcomes:

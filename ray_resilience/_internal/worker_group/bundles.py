@@ -66,6 +66,18 @@ class Bundles:
     def node_of(self, bundle: Bundle) -> str | None:
         return self._nodes.get((bundle.pg.id, bundle.index))
 
+    def placed_node(self, bundle: Bundle) -> str | None:
+        """Where Ray has `bundle` now, from the GCS (a bundle of a lost node is placed again on
+        another node); None while it is not placed or the GCS does not answer."""
+        try:
+            table = placement_group_table(bundle.pg)["bundles_to_node_id"]
+        except Exception:  # noqa: BLE001 - asked again at the next poll
+            return None
+        node = table.get(bundle.index) or None
+        if node is not None:
+            self._nodes[(bundle.pg.id, bundle.index)] = node
+        return node
+
     def remove_all(self) -> None:
         for pg in self.groups:
             try:

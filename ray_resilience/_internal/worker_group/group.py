@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 AGENT_DRAIN_TIMEOUT_S = 2.0
 """How long the supervisor waits for the node agents' buffered reports."""
+PLACED_POLL_S = 0.2
+"""While replacement actors start, how often `replace` asks Ray where their bundles went."""
 
 
 class WorkerGroup(RankCalls):
@@ -244,13 +247,18 @@ class WorkerGroup(RankCalls):
         """The node of the bundle hosting `rank` now."""
         return self.bundles.node_of(self.bundle_of[rank])
 
-    def replace(self, ranks: list[int], timeout_s: float,
-                exclude: set[str] | None = None) -> list[int]:
+    def replace(self, ranks: list[int], timeout_s: float, exclude: set[str] | None = None,
+                on_node: Callable[[str], None] | None = None) -> list[int]:
         """New actors for `ranks` (a warm spare first, else a new actor in the rank's bundle;
-        ranks on an `exclude` node move). Returns the ranks not replaced within `timeout_s`."""
+        ranks on an `exclude` node move). Returns the ranks not replaced within `timeout_s`.
+        `on_node`: called with each node a new actor lands on that its rank did not run on, as
+        soon as Ray places its bundle there, while the actor is still starting (the run's
+        writers for that node start beside it instead of after it)."""
         exclude = exclude or set()
         unplaced = self._move_off(ranks, exclude, timeout_s)
         refs: dict[Any, int] = {}
+        moving: dict[int, str | None] = {}
+        """Ranks whose new actor's node is yet to be announced -> the node they ran on."""
         for rank in [r for r in ranks if r not in unplaced]:
             freed = self.bundle_of[rank]
             if self.spares:  # a warm spare takes over; a new spare will start in the freed bundle
@@ -260,14 +268,22 @@ class WorkerGroup(RankCalls):
                 self._spare_bundles.append(freed)
             else:
                 self._start_in_bundle(rank, refs)
+                if on_node is not None:
+                    moving[rank] = self.info[rank]["node_id"] if rank < len(self.info) else None
+        slow_s = env_float(SLOW_WAIT_WARNING_ENV_VAR, DEFAULT_SLOW_WAIT_WARNING_S)
         deadline = time.monotonic() + timeout_s
+        warn_at = time.monotonic() + slow_s
         while refs and time.monotonic() < deadline:
+            if moving:
+                self._announce_nodes(moving, on_node)
+            until = min(deadline, warn_at)
+            if moving:  # look again soon where Ray placed them
+                until = min(until, time.monotonic() + PLACED_POLL_S)
             ready, _ = ray.wait(list(refs), num_returns=len(refs),
-                                timeout=min(env_float(SLOW_WAIT_WARNING_ENV_VAR,
-                                                      DEFAULT_SLOW_WAIT_WARNING_S),
-                                            max(deadline - time.monotonic(), 0.01)))
+                                timeout=max(until - time.monotonic(), 0.01))
             for ref in ready:
                 rank = refs.pop(ref)
+                moving.pop(rank, None)  # its answer names its node: the caller takes it there
                 try:
                     self.info[rank] = ray.get(ref)
                     failed = startup.from_info(rank, self.info[rank])
@@ -278,15 +294,35 @@ class WorkerGroup(RankCalls):
                     # again): try once more with a new actor while time remains.
                     log.warning("replacement for rank %d died before starting: %s", rank, exc)
                     self._start_in_bundle(rank, refs)
-            if refs:
+                    if on_node is not None:
+                        moving[rank] = self.info[rank]["node_id"] if rank < len(self.info) \
+                            else None
+            if refs and time.monotonic() >= warn_at:
                 log.warning("waiting for replacement ranks %s to start (available: %s)",
                             sorted(refs.values()), ray.available_resources())
+                warn_at = time.monotonic() + slow_s
         missing = sorted(set(refs.values()) | set(unplaced))
         for rank in missing:
             self.kill(rank)
         # Now: the next fault may come soon, and the boot overlaps the recovery.
         self.prestart()
         return missing
+
+    def _announce_nodes(self, moving: dict[int, str | None],
+                        on_node: Callable[[str], None] | None) -> None:
+        """`on_node` for each rank of `moving` whose bundle Ray placed on a node other than the
+        one it ran on (a lost node's bundle is placed again once another node has room)."""
+        for rank, before in list(moving.items()):
+            node = self.bundles.placed_node(self.bundle_of[rank])
+            if node is None or node == before:
+                continue
+            del moving[rank]
+            if on_node is not None:
+                try:
+                    on_node(node)
+                except Exception:  # an early start only: the repair goes on without it
+                    log.warning("could not prepare node %s for rank %d", node, rank,
+                                exc_info=True)
 
     def _start_in_bundle(self, rank: int, refs: dict[Any, int]) -> None:
         self.actors[rank] = self._new_actor(self.bundle_of[rank])

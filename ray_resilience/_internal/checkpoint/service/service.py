@@ -41,6 +41,8 @@ class CheckpointService:
         self._writers = writers
         self.lease, self._owns_lease = lease, owns_lease
         self._slots, self._node_ids = slots or {}, list(node_ids or [])
+        self._launched: dict[tuple[str, int], tuple[str, Any]] = {}
+        """Writers started by `prelaunch`, for the next `ensure_writers` to hand over."""
 
     @classmethod
     def start(cls, *, storage_path: str, run_name: str, storage_filesystem: pafs.FileSystem | None,
@@ -107,10 +109,22 @@ class CheckpointService:
                                   rank=rank, world_size=len(self._writers),
                                   local_root=self.local_root)
 
+    def prelaunch(self, node_id: str) -> None:
+        """A rank is moving to `node_id`: that node's writers start now, beside the rank's own
+        start-up, instead of after it (a writer's boot is seconds on a busy node); the next
+        `ensure_writers` hands them to the coordinator, which kills those no rank uses."""
+        for index in range(self.config.writers_per_node):
+            key = (node_id, index)
+            if key not in self._slots and key not in self._launched:
+                self._launched[key] = launch_writer(
+                    storage=self.storage, config=self.config, coordinator=self._coordinator,
+                    node_id=node_id, index=index, local_root=self.local_root)
+
     def ensure_writers(self, node_ids_by_rank: list[str]) -> list[RankCheckpointSpec]:
         """After a respawn (or a shrink): replaces dead writers, serves new nodes; fresh specs."""
+        launched, self._launched = self._launched, {}
         self._writers, self._slots = ray.get(
-            self._coordinator.ensure_writers.remote(list(node_ids_by_rank)),
+            self._coordinator.ensure_writers.remote(list(node_ids_by_rank), launched or None),
             timeout=checkpoint_call_timeout_s())
         self._node_ids = list(node_ids_by_rank)
         return [self.rank_spec(rank) for rank in range(len(self._writers))]
@@ -175,6 +189,9 @@ class CheckpointService:
     def shutdown(self) -> None:
         """Stops the writers and the coordinator (in-flight writes are abandoned); releases the
         lease this service took."""
+        for _, handle in self._launched.values():  # started for a node no rank reached
+            with_suppressed_kill(handle)
+        self._launched = {}
         try:
             ray.get(self._coordinator.shutdown.remote(), timeout=60)
         except Exception:  # noqa: BLE001 - killed below either way
