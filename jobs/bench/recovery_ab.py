@@ -1,11 +1,15 @@
 """Summarizes a before/after check of the recovery benchmark: sittings of one mechanism run from
-two checkouts in alternation, their `recovery-<size>.json` files named `<size>-<label>-<n>.json`
-in one folder (e.g. docs/benchmarks/recovery-checks/writer-import-deferred/).
+two checkouts in alternation, their `recovery-<size>.json` files (and timelines beside them)
+named `<size>-<label>-<n>.json` in one folder (e.g.
+docs/benchmarks/recovery-checks/writer-import-deferred/).
 
     python jobs/bench/recovery_ab.py docs/benchmarks/recovery-checks/writer-import-deferred
+    python jobs/bench/recovery_ab.py docs/benchmarks/recovery-checks/node-writers-early \
+        --scenario node_loss
 
-Prints, per size and label, the medians over every AWS-schedule run: time to the last step,
-start-up, the rest of the wall, SIGKILL and exception recovery (every recovery pooled), and
+Prints, per size and label, the medians over every run of the scenario (AWS by default): time
+to the last step, start-up, the rest of the wall, recovery per fault kind (every recovery
+pooled), each recovery phase the timelines hold (teardown, rendezvous, checkpoint_load), and
 whether every run ended bit-equal to its own fault-free run.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import gzip
 import json
 import os
 import statistics
@@ -20,15 +25,38 @@ import sys
 from collections import defaultdict
 
 
-def runs_by_label(folder: str, mechanism: str) -> dict[tuple[str, str], list[dict]]:
+def runs_by_label(folder: str, mechanism: str,
+                  scenario: str = "aws") -> dict[tuple[str, str], list[dict]]:
+    """Per (size, label), the successful runs of `mechanism` in `scenario`; each run carries
+    its timeline under "timeline" where the sitting's timelines file is beside it."""
     found: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for path in sorted(glob.glob(os.path.join(folder, "*-*-*.json"))):
         size, label, _ = os.path.basename(path)[:-len(".json")].rsplit("-", 2)
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
-        for run in result["scenarios"]["aws"]["runs"]:
+        timelines = _timelines(path[:-len(".json")] + ".timelines.json.gz")
+        for run in result["scenarios"].get(scenario, {}).get("runs", []):
             if run["mechanism"] == mechanism and run["status"] == "ok":
-                found[(size, label)].append(run)
+                key = f"{run['mechanism']}-{scenario}-rep{run['rep']}"
+                named = [t for name, t in timelines.items() if name.endswith(key)]
+                found[(size, label)].append({**run, "timeline": named[0] if named else None})
+    return found
+
+
+def _timelines(path: str) -> dict[str, dict]:
+    if not os.path.exists(path):
+        return {}
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def phase_seconds(runs: list[dict]) -> dict[str, list[float]]:
+    """Every recovery's phase durations (seconds) by phase name, over `runs`' timelines."""
+    found: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        for fault in (run.get("timeline") or {}).get("faults", []):
+            for phase in fault.get("phases", []):
+                found[phase["phase"]].append(phase["t_end"] - phase["t_start"])
     return found
 
 
@@ -38,15 +66,18 @@ def summary(runs: list[dict]) -> dict[str, float | int | bool]:
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 2) if values else float("nan")
 
-    return {
+    kinds = sorted({kind for s in scores for kind in s["recovery_s"]} | {"sigkill", "exception"})
+    out: dict[str, float | int | bool] = {
         "runs": len(runs), "wall_s": median([s["wall_s"] for s in scores]),
         "startup_s": median([s["startup_s"] for s in scores]),
         "after_startup_s": median([s["wall_s"] - s["startup_s"] for s in scores]),
-        "sigkill_p50_s": median([x for s in scores for x in s["recovery_s"].get("sigkill", [])]),
-        "exception_p50_s": median([x for s in scores
-                                   for x in s["recovery_s"].get("exception", [])]),
-        "bit_equal": all(r["params_equal_own"] for r in runs),
     }
+    for kind in kinds:
+        out[f"{kind}_p50_s"] = median([x for s in scores for x in s["recovery_s"].get(kind, [])])
+    for phase, seconds in sorted(phase_seconds(runs).items()):
+        out[f"{phase}_p50_s"] = median(seconds)
+    out["bit_equal"] = all(r["params_equal_own"] for r in runs)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder")
     p.add_argument("--mechanism", default="ours")
+    p.add_argument("--scenario", default="aws", help="aws, hang or node_loss")
     args = p.parse_args(argv)
-    for (size, label), runs in sorted(runs_by_label(args.folder, args.mechanism).items()):
+    found = runs_by_label(args.folder, args.mechanism, args.scenario)
+    for (size, label), runs in sorted(found.items()):
         print(size, label, json.dumps(summary(runs)))
     return 0
 

@@ -343,6 +343,39 @@ def test_the_recovery_before_after_summary_reads_the_committed_check(check: str)
     assert all(s["startup_s"] + s["after_startup_s"] > 0 for s in found.values())
 
 
+def test_the_recovery_before_after_summary_reads_a_scenario_and_its_phases(tmp_path) -> None:
+    import gzip  # noqa: PLC0415
+
+    import recovery_ab  # noqa: PLC0415 - a script beside render.py
+
+    def sitting(label: str, rendezvous: list[float]) -> None:
+        runs, timelines = [], {}
+        for rep, seconds in enumerate(rendezvous):
+            runs.append({"mechanism": "ours", "status": "ok", "rep": rep,
+                         "params_equal_own": True,
+                         "score": {"wall_s": 90.0, "startup_s": 20.0,
+                                   "recovery_s": {"node_loss": [10.0 + seconds]}}})
+            timelines[f"00{rep + 4}-ours-node_loss-rep{rep}"] = {"faults": [{"phases": [
+                {"phase": "teardown", "t_start": 0.0, "t_end": 0.5},
+                {"phase": "rendezvous", "t_start": 0.5, "t_end": 0.5 + seconds}]}]}
+        base = tmp_path / f"200mb-{label}-0"
+        (tmp_path / f"{base.name}.json").write_text(json.dumps(
+            {"scenarios": {"node_loss": {"runs": runs}}}))
+        with gzip.open(f"{base}.timelines.json.gz", "wt") as f:
+            json.dump(timelines, f)
+
+    sitting("before", [9.0, 8.0, 10.0])
+    sitting("after", [7.0, 6.0])
+    assert recovery_ab.runs_by_label(str(tmp_path), "ours") == {}  # no AWS runs in them
+    found = {key: recovery_ab.summary(runs) for key, runs
+             in recovery_ab.runs_by_label(str(tmp_path), "ours", "node_loss").items()}
+    assert found[("200mb", "before")]["rendezvous_p50_s"] == 9.0
+    assert found[("200mb", "after")]["rendezvous_p50_s"] == 6.5
+    assert found[("200mb", "after")]["node_loss_p50_s"] == 16.5
+    assert found[("200mb", "after")]["teardown_p50_s"] == 0.5
+    assert all(s["bit_equal"] and s["runs"] in (2, 3) for s in found.values())
+
+
 def _probe_run(variant: str, steady: float, first: float, env: dict | None = None) -> dict:
     return {"variant": variant, "env": env or {}, "summary": {
         "steady_step_s": steady, "after_rebuild_first_step_s": first,
