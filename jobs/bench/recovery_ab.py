@@ -66,7 +66,7 @@ def summary(runs: list[dict]) -> dict[str, float | int | bool]:
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 2) if values else float("nan")
 
-    kinds = sorted({kind for s in scores for kind in s["recovery_s"]} | {"sigkill", "exception"})
+    kinds = sorted({kind for s in scores for kind in s["recovery_s"]})
     out: dict[str, float | int | bool] = {
         "runs": len(runs), "wall_s": median([s["wall_s"] for s in scores]),
         "startup_s": median([s["startup_s"] for s in scores]),
