@@ -9,8 +9,10 @@ docs/benchmarks/recovery-checks/writer-import-deferred/).
 
 Prints, per size and label, the medians over every run of the scenario (AWS by default): time
 to the last step, start-up, the rest of the wall, recovery per fault kind (every recovery
-pooled), each recovery phase the timelines hold (teardown, rendezvous, checkpoint_load), and
-whether every run ended bit-equal to its own fault-free run.
+pooled), each recovery phase the timelines hold (teardown, rendezvous, checkpoint_load), the
+wait from a respawned rank's readiness to the new attempt's launch where the runs' own phases
+files are beside them (`<size>-<label>-<n>.phases/<run>.json`, each run folder's
+`phases.json`), and whether every run ended bit-equal to its own fault-free run.
 """
 
 from __future__ import annotations
@@ -38,9 +40,37 @@ def runs_by_label(folder: str, mechanism: str,
         for run in result["scenarios"].get(scenario, {}).get("runs", []):
             if run["mechanism"] == mechanism and run["status"] == "ok":
                 key = f"{run['mechanism']}-{scenario}-rep{run['rep']}"
-                named = [t for name, t in timelines.items() if name.endswith(key)]
-                found[(size, label)].append({**run, "timeline": named[0] if named else None})
+                named = [name for name in timelines if name.endswith(key)]
+                found[(size, label)].append({
+                    **run, "timeline": timelines[named[0]] if named else None,
+                    "phases": _phases(path[:-len(".json")] + ".phases", named)})
     return found
+
+
+def _phases(folder: str, named: list[str]) -> list[dict] | None:
+    """The run's own phases file (`phases.json` of its run folder, copied as `<run>.json`)."""
+    path = os.path.join(folder, f"{named[0]}.json") if named else ""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["phases"]
+
+
+def launch_waits(runs: list[dict]) -> list[float]:
+    """Per recovery that started a rank anew: from the last respawned rank's prewarm end (ready
+    to train) to the first rank's release of the new attempt's groups (the attempt launched);
+    negative where the attempt launched first and waited for the prewarm."""
+    waits = []
+    for run in runs:
+        by_attempt: dict[int, list[dict]] = defaultdict(list)
+        for phase in run.get("phases") or []:
+            by_attempt[phase.get("attempt") or 0].append(phase)
+        for attempt, phases in sorted(by_attempt.items()):
+            ready = [p["t_end"] for p in phases if p["phase"] == "prewarm"]
+            launched = [p["t_start"] for p in phases if p["phase"] == "release_groups"]
+            if attempt and ready and launched:
+                waits.append(min(launched) - max(ready))
+    return waits
 
 
 def _timelines(path: str) -> dict[str, dict]:
@@ -76,6 +106,8 @@ def summary(runs: list[dict]) -> dict[str, float | int | bool]:
         out[f"{kind}_p50_s"] = median([x for s in scores for x in s["recovery_s"].get(kind, [])])
     for phase, seconds in sorted(phase_seconds(runs).items()):
         out[f"{phase}_p50_s"] = median(seconds)
+    if any(r.get("phases") for r in runs):
+        out["launch_wait_p50_s"] = median(launch_waits(runs))
     out["bit_equal"] = all(r["params_equal_own"] for r in runs)
     return out
 

@@ -363,6 +363,14 @@ def test_the_recovery_before_after_summary_reads_a_scenario_and_its_phases(tmp_p
             {"scenarios": {"node_loss": {"runs": runs}}}))
         with gzip.open(f"{base}.timelines.json.gz", "wt") as f:
             json.dump(timelines, f)
+        if label == "after":  # the runs' own phases: the respawned rank ready 0.25 s before
+            (tmp_path / f"{base.name}.phases").mkdir()  # the new attempt's launch
+            for name in timelines:
+                (tmp_path / f"{base.name}.phases" / f"{name}.json").write_text(json.dumps(
+                    {"phases": [{"phase": "prewarm", "attempt": 1, "t_end": 10.0},
+                                {"phase": "release_groups", "attempt": 1, "t_start": 10.25},
+                                {"phase": "prewarm", "attempt": 0, "t_end": 1.0},
+                                {"phase": "release_groups", "attempt": 0, "t_start": 9.0}]}))
 
     sitting("before", [9.0, 8.0, 10.0])
     sitting("after", [7.0, 6.0])
@@ -373,6 +381,8 @@ def test_the_recovery_before_after_summary_reads_a_scenario_and_its_phases(tmp_p
     assert found[("200mb", "after")]["rendezvous_p50_s"] == 6.5
     assert found[("200mb", "after")]["node_loss_p50_s"] == 16.5
     assert found[("200mb", "after")]["teardown_p50_s"] == 0.5
+    assert found[("200mb", "after")]["launch_wait_p50_s"] == 0.25  # the first start is no wait
+    assert "launch_wait_p50_s" not in found[("200mb", "before")]  # no phases files there
     assert all(s["bit_equal"] and s["runs"] in (2, 3) for s in found.values())
 
 
