@@ -127,6 +127,50 @@ def test_a_rank_spinning_at_one_stack_is_a_hang_once_cpu_alone_outlasts_the_step
     assert result.return_values == [3.0 * steps * (steps + 1) / 2] * 2
 
 
+def stuck_in_c_loop(cfg: dict) -> int:
+    """Attempt 0: rank 0 raises at once; rank 1 sleeps in C, where the interrupt's exception
+    waits for the call to return. Later attempts return at once."""
+    ctx = rr.get_context()
+    if ctx.attempt == 0 and ctx.world_rank == 0:
+        time.sleep(0.5)
+        raise RuntimeError("rank 0 fails first")
+    if ctx.attempt == 0:
+        time.sleep(cfg["sleep_s"])
+    return ctx.attempt
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_that_does_not_unwind_leaves_its_stacks_in_its_log_before_it_is_killed(
+        ray_session, tmp_path):
+    """Rank 0's exception restarts in process; rank 1, inside a C call, cannot unwind within
+    interrupt_timeout_s and is killed and replaced. Before the kill its threads' stacks went to
+    its worker log (faulthandler's own thread), so the user sees where it was stuck."""
+    sleep_s = 120.0  # far past the test's end: only the kill ends it
+    result = rr.ResilientTrainer(
+        stuck_in_c_loop, train_loop_config={"sleep_s": sleep_s},
+        scaling_config=rr.ScalingConfig(num_workers=2),
+        run_config=rr.RunConfig(name="stuck", storage_path=str(tmp_path), verbose=False),
+        resilience=rr.ResilienceConfig(
+            in_process=rr.InProcessConfig(interrupt_timeout_s=2.0),
+            in_job=rr.InJobConfig(num_prestarted_workers=0, heartbeat_timeout_s=30.0)),
+    ).fit()
+    assert result.ok, result.error
+    (fault,) = result.faults
+    assert (fault["cause"], fault["ranks"], fault["respawned"]) == ("exception", [0], [1])
+    assert result.return_values == [1, 1]
+    logs = ray._private.worker._global_node.get_logs_dir_path()
+    dumps = []
+    for name in os.listdir(logs):
+        if name.startswith("worker-") and name.endswith(".err"):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                text = f.read()
+            if "stuck_in_c_loop" in text and "Timeout (" in text:
+                dumps.append(text)
+    assert len(dumps) == 1, f"{len(dumps)} worker logs hold the stuck rank's stacks"
+    stacks = dumps[0][dumps[0].index("Timeout ("):]
+    assert 'line' in stacks and "in stuck_in_c_loop" in stacks, stacks[:2000]
+
+
 def _respawn(plan: FaultPlan | None, step_timeout_s: float = STEP_TIMEOUT_S,
              **in_job) -> rr.ResilienceConfig:
     in_job.setdefault("heartbeat_timeout_s", 5.0)

@@ -169,7 +169,8 @@ class DummyWorkerGroup:
 
     # --- repair -------------------------------------------------------------------------------
 
-    def interrupt(self, ranks: list[int], attempt: int) -> None:
+    def interrupt(self, ranks: list[int], attempt: int,
+                  stacks_after_s: float | None = None) -> None:
         self.interrupted.append(sorted(ranks))
         for rank in ranks:
             ref = self.current[rank]

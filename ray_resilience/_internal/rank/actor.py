@@ -87,8 +87,8 @@ class WorkerActor(SnapshotSource):
         """The rank's checkpointer, which the writer's calls (`SnapshotSource`) go to."""
         return None if self._worker is None else self._worker.snapshot_source()
 
-    def interrupt(self, attempt: int) -> bool:
-        return self._worker is not None and self._worker.interrupt(attempt)
+    def interrupt(self, attempt: int, stacks_after_s: float | None = None) -> bool:
+        return self._worker is not None and self._worker.interrupt(attempt, stacks_after_s)
 
     def stop_at(self, attempt: int, step: int, deadline: float) -> int | None:
         return self._worker.stop_at(attempt, step, deadline)

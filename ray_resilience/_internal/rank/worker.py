@@ -5,10 +5,12 @@ while status and control calls are served. Only torch.distributed is rebuilt bet
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import inspect
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -176,15 +178,23 @@ class Worker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def interrupt(self, attempt: int) -> bool:
+    def interrupt(self, attempt: int, stacks_after_s: float | None = None) -> bool:
         """Stops `attempt` now: aborts its collectives and raises into the training thread.
-        False when that attempt is not running here."""
+        False when that attempt is not running here. `stacks_after_s`: if the attempt has not
+        unwound by then, every thread's stack goes to this process's stderr (the worker's log),
+        from faulthandler's own thread, which needs no GIL: what the rank was stuck in before
+        the supervisor kills it."""
         thread = self._thread
         with self._interrupt_lock:
             if self._attempt != attempt or thread is None or not self._interruptible:
                 return False
             self._interrupted.set()
             async_raise(thread.ident, TrainingInterrupted)  # pending until the C call returns
+            if stacks_after_s is not None:  # cancelled once `run_attempt` returns
+                try:
+                    faulthandler.dump_traceback_later(stacks_after_s, file=sys.stderr)
+                except (AttributeError, ValueError, OSError) as exc:  # stderr has no descriptor
+                    log.warning("no stack dump if this rank does not unwind: %s", exc)
         # The abort makes it happen now; cutting the rendezvous store is safe (fresh per attempt).
         self._aborter.abort(include_store=self._in_rendezvous)
         return True
@@ -205,6 +215,7 @@ class Worker:
     def run_attempt(self, spec: AttemptSpec) -> AttemptOutcome:
         """Runs the train function for one attempt; returns when it ends, fails or is stopped."""
         t0 = time.time()
+        faulthandler.cancel_dump_traceback_later()  # one an earlier attempt's interrupt left
         session = _Session(self._context(spec), faults=self._fault_hook(spec),
                            datasets=spec.datasets)
         probe = ActivityProbe(busy_cap_s=spec.busy_cap_s)
@@ -261,6 +272,7 @@ class Worker:
         error = box.get("error")
         status = ("interrupted" if self._interrupted.is_set() else "failed" if error
                   else "preempted" if "preempted" in box else "finished")
+        faulthandler.cancel_dump_traceback_later()  # unwound: no stacks to show (`interrupt`)
         return AttemptOutcome(
             rank=spec.rank, attempt=spec.attempt, status=status, error=error,
             failed_at=box.get("failed_at"), in_distributed=box.get("in_distributed", False),

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 10.0
 """How long a kept rank may take to answer its health check."""
+STACKS_BEFORE_KILL_S = 1.0
+"""An interrupted rank still unwinding this long before its timeout dumps its threads' stacks
+(at half the timeout where that is shorter)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +121,9 @@ class Repair:
         for rank in self.respawn:
             group.kill(rank)  # a stuck or dead rank is killed before it is replaced
         keep = {ref: rank for ref, rank in futures.items() if rank not in self.respawn}
-        group.interrupt(list(keep.values()), self.attempt)
         timeout = cfg.in_process.interrupt_timeout_s if cfg.in_process else 10.0
+        group.interrupt(list(keep.values()), self.attempt,
+                        stacks_after_s=max(timeout - STACKS_BEFORE_KILL_S, timeout / 2))
         stuck = self._wait_unwound(keep, timeout)
         unhealthy = self._health_checks(stuck)
         if unhealthy and cfg.in_job is None:
@@ -130,7 +134,8 @@ class Repair:
             if cfg.in_job is None:
                 return HangError(stuck, self.attempt, timeout,
                                  "InProcessConfig.interrupt_timeout_s", timeout)
-            log.warning("ranks %s did not unwind within %.1f s: respawning them",
+            log.warning("ranks %s did not unwind within %.1f s: respawning them (the stacks "
+                        "of their threads before the kill are in their worker logs' stderr)",
                         format_ranks(stuck), timeout)
             for rank in stuck:
                 group.kill(rank)

@@ -57,10 +57,12 @@ class RankCalls:
             log.warning("could not ask the GCS whether node %s is alive", node, exc_info=True)
             return False
 
-    def interrupt(self, ranks: list[int], attempt: int) -> None:
-        """Asks `ranks` to abort their collectives and unwind `attempt` (fire and forget)."""
+    def interrupt(self, ranks: list[int], attempt: int,
+                  stacks_after_s: float | None = None) -> None:
+        """Asks `ranks` to abort their collectives and unwind `attempt` (fire and forget); one
+        still unwinding after `stacks_after_s` writes its threads' stacks to its worker log."""
         for rank in ranks:
-            self.actors[rank].interrupt.remote(attempt)
+            self.actors[rank].interrupt.remote(attempt, stacks_after_s)
 
     def health(self, ranks: list[int], timeout_s: float) -> dict[int, str]:
         """Ranks among `ranks` that are unhealthy (CUDA on GPU) or did not answer, with why."""
