@@ -158,3 +158,29 @@ def test_a_dropped_save_reaches_the_metrics_the_display_and_the_result():
     assert outcome.dropped_summary() == ("1 checkpoint save(s) were not committed: step 12 rank "
                                          "1: torn (tensor 'w' changed while copied)")
     assert RunOutcome(state="finished").dropped_summary() is None
+
+
+def test_the_dropped_saves_warning_names_the_save_that_matters_first():
+    """A busy run coalesces many early saves; the torn last one must still make the warning's
+    line, ahead of them (it once came sixth, behind five coalesced saves, and fell off it)."""
+    from ray_resilience.callbacks import CheckpointDropped  # noqa: PLC0415
+
+    coalesced = [CheckpointDropped(step=s, rank=r, kind="coalesced", t=1.0,
+                                   reason=f"replaced by the save of step {s + 2}")
+                 for s in (2, 4, 6) for r in (0, 1)]
+    torn = [CheckpointDropped(step=12, rank=r, kind="torn", t=2.0,
+                              reason="tensor 'w' changed while copied") for r in (0, 1)]
+    restart = [CheckpointDropped(step=8, rank=None, kind="restart", t=1.5,
+                                 reason="a new attempt began before its shards were all durable")]
+    outcome = RunOutcome(state="finished", dropped_saves=coalesced + restart + torn,
+                         dropped_total=9)
+    line = outcome.dropped_summary()
+    assert line.startswith("9 checkpoint save(s) were not committed (2 torn, 1 restart, "
+                           "6 coalesced): step 12 rank 0: torn (tensor 'w' changed while "
+                           "copied); step 12 rank 1: torn"), line
+    assert "step 8: restart" in line
+    assert line.endswith("; and 4 more (Result.checkpoint['dropped'])"), line
+    # Only part of them kept (the first 1000): no per-kind count of what was not seen.
+    partial = RunOutcome(state="finished", dropped_saves=coalesced + torn, dropped_total=1500)
+    assert partial.dropped_summary().startswith("1500 checkpoint save(s) were not committed: "
+                                                "step 12 rank 0: torn")

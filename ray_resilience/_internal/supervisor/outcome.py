@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,11 @@ from ray_resilience.result import Result
 
 if TYPE_CHECKING:
     from ray_resilience.goodput import GoodputReport
+
+
+_LISTED_LAST = {"restart": 1, "skipped": 2, "coalesced": 2}
+"""Dropped-save kinds the driver's warning lists after the others (a fault's restart; the
+in-flight policy's, whose save a newer one replaced)."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -51,13 +57,21 @@ class RunOutcome:
         return cls(state="failed", error=RunAbortedError(f"the supervisor actor died: {exc}"))
 
     def dropped_summary(self) -> str | None:
-        """One line on the dropped saves for the driver's warning; None when there were none."""
+        """One line on the dropped saves for the driver's warning; None when there were none.
+        Saves lost to a problem (torn, failed, ...) come first, then those a restart dropped,
+        then those the in-flight policy replaced by a newer save, so a busy run's routine
+        coalescing does not push the save that matters out of the line."""
         if not self.dropped_total:
             return None
+        ordered = sorted(self.dropped_saves, key=lambda d: _LISTED_LAST.get(d.kind, 0))
         shown = "; ".join(f"step {d.step}{'' if d.rank is None else f' rank {d.rank}'}: "
-                          f"{d.kind} ({d.reason})" for d in self.dropped_saves[:5])
+                          f"{d.kind} ({d.reason})" for d in ordered[:5])
         more = self.dropped_total - min(len(self.dropped_saves), 5)
-        return (f"{self.dropped_total} checkpoint save(s) were not committed: {shown}"
+        kinds = Counter(d.kind for d in ordered)  # in listing order
+        counted = ""
+        if len(kinds) > 1 and len(self.dropped_saves) == self.dropped_total:
+            counted = f" ({', '.join(f'{n} {kind}' for kind, n in kinds.items())})"
+        return (f"{self.dropped_total} checkpoint save(s) were not committed{counted}: {shown}"
                 + (f"; and {more} more (Result.checkpoint['dropped'])" if more > 0 else ""))
 
     def to_result(self, path: str, loads: Callable[[bytes], Any],
