@@ -102,10 +102,13 @@ class RunCheckpoints:
     def rank_spec(self, rank: int) -> Any:
         return self.service.rank_spec(rank) if self.service is not None else None
 
-    def prelaunch(self, node_id: str) -> None:
-        """A respawned rank is starting on `node_id`: its writers start beside it."""
-        if self.service is not None:
-            self.service.prelaunch(node_id)
+    def prelaunch(self, node_id: str) -> bool:
+        """A respawned rank is starting on `node_id`: its writers start beside it. False: the
+        run has no checkpoint service (nothing to start)."""
+        if self.service is None:
+            return False
+        self.service.prelaunch(node_id)
+        return True
 
     def ensure_writers(self, node_ids: list[str]) -> None:
         """Writers for nodes the ranks moved to; dead writers are replaced."""

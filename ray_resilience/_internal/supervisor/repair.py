@@ -61,10 +61,11 @@ class Repair:
 
     def __init__(self, group: WorkerGroup, record: RunRecord, cfg: ResilienceConfig,
                  scaling: ScalingConfig, clock: Clock, *, decision: Decision,
-                 attempt: int, on_node: Callable[[str], None] | None = None) -> None:
+                 attempt: int, on_node: Callable[[str], bool] | None = None) -> None:
         self.group, self.record, self.cfg, self.scaling = group, record, cfg, scaling
         self.on_node = on_node
-        """Called with each node a respawned rank moves to, while it starts there."""
+        """Called with each node a respawned rank moves to, while it starts there; True when
+        it prepared that node (started its checkpoint writers)."""
         self.clock, self.decision, self.attempt = clock, decision, attempt
         self.respawn: set[int] = set(decision.respawn)
         self.outcomes: list[AttemptOutcome] = []
@@ -89,13 +90,12 @@ class Repair:
         prepared: set[str] = set()
 
         def on_node(node: str) -> None:
-            prepared.add(node)
-            if self.on_node is not None:
-                self.on_node(node)
+            if self.on_node is not None and self.on_node(node):
+                prepared.add(node)
 
         missing = self.group.replace(sorted(self.respawn), in_job.replacement_timeout_s,
                                      exclude=set(excluded_nodes) | set(self.decision.exclude_nodes),
-                                     on_node=on_node)
+                                     on_node=on_node if self.on_node is not None else None)
         done = dict(t_torn=t_torn, excluded_nodes=self.decision.exclude_nodes,
                     replacements=tuple(_replacement(rank, info, prepared) for rank, info
                                        in enumerate(self.group.info) if rank in self.respawn))
