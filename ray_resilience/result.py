@@ -39,7 +39,8 @@ class Result:
     control: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Control-plane counters: progress batches and reports received, node agent restarts,
     the metrics log's path and size; "background_imports": when the writers' and prestarted
-    workers' imports started, and why (`ResilienceConfig.background_imports`)."""
+    workers' imports started, and why (`ResilienceConfig.background_imports`), and "prestarts":
+    each request for prestarted workers ({"t", "attempt", "nodes"})."""
     phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Every timed phase ({"phase", "t_start", "t_end", "attempt", "rank"}): the start-up's
     (placement, start_workers, start_checkpointing), each new rank process's (process_start,

@@ -34,11 +34,23 @@ def test_killed_ranks_are_replaced(clean, token_data_dir, tmp_path):
     plan = FaultPlan.explicit([Fault(step=3, rank=1, kind="sigkill"),
                                   Fault(step=6, rank=0, kind="sigkill"),
                                   Fault(step=8, rank=1, kind="oom")])
+    resilience = dataclasses.replace(_resilience(plan), background_imports="after_first_step")
     result = workload.fit(token_data_dir, str(tmp_path), "killed", max_steps=STEPS,
-                          resilience=_resilience(plan))
+                          resilience=resilience)
     assert result.ok, result.error
     assert [(f["cause"], f["ranks"]) for f in result.faults] == [
         ("actor_died", [1]), ("actor_died", [0]), ("oom", [1])]
+    # Each respawn's next prestarted worker was asked for once its attempt had stepped, not
+    # while the respawned rank started, loaded and took its first step.
+    first_step = {}
+    for m in result.metrics_history:
+        first_step.setdefault(m["attempt"], m["time"])
+    asked = result.control["background_imports"]["prestarts"]
+    # (A kill before the supervisor heard of its attempt's first step leaves that attempt's
+    # request to the next one: a worker asked for during a recovery would boot beside it.)
+    assert asked and asked[-1]["attempt"] == 3, asked
+    for p in asked:
+        assert p["t"] >= first_step[p["attempt"]], (p, first_step)
     pids = [v["pid"] for v in result.return_values]
     assert not set(pids) & set(clean.worker_pids) and pids == result.worker_pids
     for r in range(2):

@@ -78,9 +78,10 @@ class _PrestartGroup(DummyWorkerGroup):
         for item in self.info:
             item.update(cpus=cpus, gpu_ids=["0"] if gpus else [])
 
-    def prestart(self) -> None:
+    def prestart(self) -> list[str]:
         self.prestarted_at.append(self.clock.time())
         self.prestart_pending = False
+        return ["node-0"]
 
 
 def _supervisor(setting: str, script: dict, *, cpus: int, gpus: bool) -> tuple[Any, _PrestartGroup]:
@@ -106,11 +107,12 @@ def test_the_supervisor_prestarts_workers_when_it_decided(setting, cpus, gpus, a
         "at_start" if at_start else "after_first_step")
 
 
-def test_a_rank_respawned_on_a_node_with_idle_cores_gets_its_worker_at_once():
-    # After a respawn the group has a node to prestart again; "at_start" does not wait for the
-    # recovered attempt's first step.
+def _respawned(setting: str) -> tuple[Any, _PrestartGroup, float]:
+    """A run whose rank 1 dies at step 2 and is respawned: the outcome, the group and the
+    recovered attempt's first step's time. The respawn leaves a node to prestart again, as
+    `WorkerGroup.replace` does."""
     script = {(0, 1): Act("die", steps=2), (0, 0): Act("hang", steps=2)}
-    sup, group = _supervisor("at_start", script, cpus=2, gpus=False)
+    sup, group = _supervisor(setting, script, cpus=2, gpus=False)
     replace = group.replace
 
     def replace_and_pend(*args: Any, **kwargs: Any) -> Any:
@@ -121,4 +123,22 @@ def test_a_rank_respawned_on_a_node_with_idle_cores_gets_its_worker_at_once():
     outcome = sup.run()
     assert outcome.error is None and len(outcome.faults) == 1
     recovered = min(m["time"] for m in outcome.metrics_history if m["attempt"] == 1)
+    return outcome, group, recovered
+
+
+def test_a_rank_respawned_on_a_node_with_idle_cores_gets_its_worker_at_once():
+    # "at_start" does not wait for the recovered attempt's first step.
+    outcome, group, recovered = _respawned("at_start")
     assert len(group.prestarted_at) == 2 and group.prestarted_at[1] < recovered
+    asked = outcome.control["background_imports"]["prestarts"]
+    assert [(p["attempt"], p["nodes"]) for p in asked] == [(0, 1), (1, 1)]
+    assert [p["t"] for p in asked] == group.prestarted_at
+
+
+def test_a_rank_respawned_on_a_busy_node_gets_its_worker_once_the_recovery_stepped():
+    # On a node the ranks keep busy, the next worker's boot (at the ranks' priority) and import
+    # would share the cores with the respawned rank's start, its load and its first step.
+    outcome, group, recovered = _respawned("after_first_step")
+    assert len(group.prestarted_at) == 2 and group.prestarted_at[1] >= recovered
+    asked = outcome.control["background_imports"]["prestarts"]
+    assert [p["attempt"] for p in asked] == [0, 1]

@@ -262,7 +262,7 @@ class Supervisor:
             self.record.startup_phase("start_workers", t0, self._clock.time())
             if pending is not None:
                 pending.result()
-        self._imports.start_if_idle(group, self._checkpoints)
+        self._imports.start_if_idle(group, self._checkpoints, self._clock.time())
         self._dispatcher.emit(RunStarted(
             run_name=self.run_name, world_size=self.record.world_size,
             start_step=self._checkpoints.last_commit or 0, t=self._clock.time()))
@@ -393,8 +393,8 @@ class Supervisor:
             launched = self.record.launched_at.get(self._attempt, 0.0)
             if reached is not None or self._clock.time() - launched >= SPARE_REPLENISH_MAX_DELAY_S:
                 group.replenish_spares(self._history.excluded_nodes)
-        if group.prestart_pending and (reached is not None or self._imports.at_start):
-            group.prestart()
+        self._imports.upkeep(group, self._attempt, stepped=reached is not None,
+                             t=self._clock.time())
 
     def _on_fault(self, fault: DetectedFault) -> State:
         fault = self._history.add(fault, self.record, self._group)

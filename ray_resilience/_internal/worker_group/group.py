@@ -136,18 +136,19 @@ class WorkerGroup(RankCalls):
     def prestart_pending(self) -> bool:
         return self.prestarter.enabled and bool(self._prestart_nodes)
 
-    def prestart(self) -> None:
-        """Asks the nodes where actors were created since the last call for idle workers."""
+    def prestart(self) -> list[str]:
+        """Asks the nodes where actors were created since the last call for idle workers;
+        returns the nodes asked. The supervisor decides when (`BackgroundImports.upkeep`)."""
         nodes, self._prestart_nodes = self._prestart_nodes, {}
         if not nodes or not self.prestarter.enabled:
-            return
+            return []
         if self._rank_runtime_env is None:  # Ray's internals moved: no rank would take them
             log.info("not prestarting workers: the ranks' runtime env is unknown")
             self.prestarter.enabled = False
-            return
+            return []
         if not self._preimport_on:
             self._preimport_on = preimport.switch(self.preimport_key, True)
-        self.prestarter.request(nodes, self._rank_runtime_env)
+        return self.prestarter.request(nodes, self._rank_runtime_env)
 
     def _new_actor(self, bundle: Bundle, *, spare: bool = False) -> Any:
         """A rank's actor in `bundle`. Ranks carry the pre-import setup hook; warm spares do not
@@ -304,9 +305,7 @@ class WorkerGroup(RankCalls):
         missing = sorted(set(refs.values()) | set(unplaced))
         for rank in missing:
             self.kill(rank)
-        # Now: the next fault may come soon, and the boot overlaps the recovery.
-        self.prestart()
-        return missing
+        return missing  # the next prestarted workers: `prestart`, when the supervisor says
 
     def _announce_nodes(self, moving: dict[int, str | None],
                         on_node: Callable[[str], None] | None) -> None:

@@ -5,7 +5,9 @@ Both take CPU-seconds. On a node whose ranks keep every core busy (CPU training,
 per GPU) they would slow the ranks' own start-up, so they wait for the run's first step; the
 price is that saves requested before the writers' import ends are superseded, and a rank lost
 early finds its replacement process still importing. On a node with idle cores nothing is taken
-from the ranks, so they start with the ranks.
+from the ranks, so they start with the ranks. The same holds after a respawn: the next prestarted
+worker boots (at the ranks' priority) and imports once the recovered attempt completed a step,
+or at once on a node with idle cores.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class BackgroundImports:
         self.setting = setting
         self.at_start = False
         self.reason = "not decided: the ranks did not start"
+        self.prestarts: list[dict[str, Any]] = []
+        """When prestarted workers were asked for: {"t", "attempt", "nodes"} per request."""
 
     def decide(self, info: Sequence[dict[str, Any]]) -> bool:
         """Whether the imports start now, with the ranks (`info`: each rank's `info()`)."""
@@ -71,16 +75,25 @@ class BackgroundImports:
                  "with the ranks" if self.at_start else "after the first step", self.reason)
         return self.at_start
 
-    def start_if_idle(self, group: Any, checkpoints: Any) -> None:
-        """After the ranks started: has the writers (`checkpoints.warm`) and the prestarted
-        workers (`group.prestart`) start importing now if `decide` says so; otherwise the
-        supervisor does when the run completes its first step."""
+    def start_if_idle(self, group: Any, checkpoints: Any, t: float) -> None:
+        """After the ranks started (at `t`): has the writers (`checkpoints.warm`) and the
+        prestarted workers (`group.prestart`) start importing now if `decide` says so;
+        otherwise the supervisor does when the run completes its first step."""
         if self.decide(group.info):
             checkpoints.warm()
-            if group.prestart_pending:
-                group.prestart()
+            self.upkeep(group, 0, stepped=False, t=t)
+
+    def upkeep(self, group: Any, attempt: int, *, stepped: bool, t: float) -> None:
+        """Asks for the prestarted workers `group` has pending (the nodes where ranks started
+        since the last request) once `attempt` completed a step (`stepped`), or at once where
+        the imports start with the ranks. A respawned rank's boot and first step would share
+        a busy node's cores with the next worker's boot and import."""
+        if group.prestart_pending and (stepped or self.at_start):
+            asked = group.prestart()
+            if asked:
+                self.prestarts.append({"t": t, "attempt": attempt, "nodes": len(asked)})
 
     def summary(self) -> dict[str, Any]:
         return {"setting": self.setting,
                 "when": "at_start" if self.at_start else "after_first_step",
-                "reason": self.reason}
+                "reason": self.reason, "prestarts": list(self.prestarts)}
