@@ -9,7 +9,8 @@ docs/benchmarks/recovery-checks/writer-import-deferred/).
 
 Prints, per size and label, the medians over every run of the scenario (AWS by default): time
 to the last step, start-up, the rest of the wall, recovery per fault kind (every recovery
-pooled), each recovery phase the timelines hold (teardown, rendezvous, checkpoint_load), the
+pooled), each recovery phase the timelines hold (teardown, rendezvous, checkpoint_load, and
+first_step: from the restore to the next completed step), pooled and per fault kind, the
 wait from a respawned rank's readiness to the new attempt's launch where the runs' own phases
 files are beside them (`<size>-<label>-<n>.phases/<run>.json`, each run folder's
 `phases.json`), and whether every run ended bit-equal to its own fault-free run.
@@ -80,13 +81,21 @@ def _timelines(path: str) -> dict[str, dict]:
         return json.load(f)
 
 
-def phase_seconds(runs: list[dict]) -> dict[str, list[float]]:
-    """Every recovery's phase durations (seconds) by phase name, over `runs`' timelines."""
+def phase_seconds(runs: list[dict], kind: str | None = None) -> dict[str, list[float]]:
+    """Every recovery's phase durations (seconds) by phase name, over `runs`' timelines (only
+    the faults of `kind` where given), and "first_step": from the end of its last phase (the
+    restore) to the next completed step."""
     found: dict[str, list[float]] = defaultdict(list)
     for run in runs:
         for fault in (run.get("timeline") or {}).get("faults", []):
-            for phase in fault.get("phases", []):
+            if kind is not None and fault.get("kind") != kind:
+                continue
+            phases = fault.get("phases", [])
+            for phase in phases:
                 found[phase["phase"]].append(phase["t_end"] - phase["t_start"])
+            if phases and fault.get("t_first_step") is not None:
+                found["first_step"].append(
+                    fault["t_first_step"] - max(p["t_end"] for p in phases))
     return found
 
 
@@ -106,6 +115,10 @@ def summary(runs: list[dict]) -> dict[str, float | int | bool]:
         out[f"{kind}_p50_s"] = median([x for s in scores for x in s["recovery_s"].get(kind, [])])
     for phase, seconds in sorted(phase_seconds(runs).items()):
         out[f"{phase}_p50_s"] = median(seconds)
+    if len(kinds) > 1:  # each kind's phases too: a SIGKILL's restart is not an exception's
+        for kind in kinds:
+            for phase, seconds in sorted(phase_seconds(runs, kind).items()):
+                out[f"{kind}_{phase}_p50_s"] = median(seconds)
     if any(r.get("phases") for r in runs):
         out["launch_wait_p50_s"] = median(launch_waits(runs))
     out["bit_equal"] = all(r["params_equal_own"] for r in runs)

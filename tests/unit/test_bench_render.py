@@ -386,6 +386,31 @@ def test_the_recovery_before_after_summary_reads_a_scenario_and_its_phases(tmp_p
     assert all(s["bit_equal"] and s["runs"] in (2, 3) for s in found.values())
 
 
+def test_the_recovery_before_after_summary_splits_phases_by_fault_kind(tmp_path) -> None:
+    import gzip  # noqa: PLC0415
+
+    import recovery_ab  # noqa: PLC0415 - a script beside render.py
+
+    def fault(kind: str, rendezvous: float, first_step: float) -> dict:
+        return {"kind": kind, "t_first_step": 1.0 + rendezvous + first_step, "phases": [
+            {"phase": "rendezvous", "t_start": 1.0, "t_end": 1.0 + rendezvous}]}
+
+    runs = [{"mechanism": "ours", "status": "ok", "rep": 0, "params_equal_own": True,
+             "score": {"wall_s": 50.0, "startup_s": 10.0,
+                       "recovery_s": {"exception": [1.0], "sigkill": [3.0]}}}]
+    (tmp_path / "tiny-after-0.json").write_text(json.dumps({"scenarios": {"aws": {"runs": runs}}}))
+    with gzip.open(tmp_path / "tiny-after-0.timelines.json.gz", "wt") as f:
+        json.dump({"004-ours-aws-rep0": {"faults": [
+            fault("exception", 0.1, 0.5), fault("sigkill", 1.0, 1.25),
+            fault("sigkill", 2.0, 0.75)]}}, f)
+    (found,) = [recovery_ab.summary(r) for r in recovery_ab.runs_by_label(str(tmp_path),
+                                                                           "ours").values()]
+    assert found["rendezvous_p50_s"] == 1.0 and found["first_step_p50_s"] == 0.75
+    assert found["exception_rendezvous_p50_s"] == 0.1
+    assert found["sigkill_rendezvous_p50_s"] == 1.5
+    assert found["exception_first_step_p50_s"] == 0.5 and found["sigkill_first_step_p50_s"] == 1.0
+
+
 def _probe_run(variant: str, steady: float, first: float, env: dict | None = None) -> dict:
     return {"variant": variant, "env": env or {}, "summary": {
         "steady_step_s": steady, "after_rebuild_first_step_s": first,
